@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` and `make test`. Both set up .venv themselves.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+# Idempotent: re-runs only when a requirements file or pyproject.toml changed.
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first and alone: an unpinned torch (pulled by any later package) is a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt
+	# --no-deps: see requirements-nodeps.txt for why each one's declared dependencies are refused.
+	$(BIN)/pip install -q --no-deps -r requirements-nodeps.txt
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m envace.demo
+
+test: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow tests
+
+lint: install
+	$(BIN)/ruff check envace workbench apps tests
+
+bench: install
+	$(BIN)/envace bench rollout
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,247 @@
+"""`envace …` commands. The one place that wires environments, backends, the engine and the store.
+
+Bad input (unknown names, missing paths, malformed configs) prints one `error:` line and exits 2;
+an interrupted job keeps every batch it already stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from envace.config import RolloutConfig, from_dict, load_toml
+from envace.errors import UsageError
+from envace.paths import runs_root
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        raise UsageError(message)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+# -- rollout ---------------------------------------------------------------------------------------
+
+_ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
+                  "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error")
+
+
+def _rollout_config(args: argparse.Namespace) -> RolloutConfig:
+    data: dict[str, Any] = {}
+    if args.config:
+        raw = load_toml(args.config)
+        data.update(raw.get("rollout", raw))
+    data.update({k: getattr(args, k) for k in _ROLLOUT_FLAGS if getattr(args, k) is not None})
+    return from_dict(RolloutConfig, data, where=args.config or "rollout")
+
+
+def summary_table(title: str, summary: dict[str, Any]):
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False)
+    rows = [
+        ("episodes", f"{summary['episodes']}"),
+        ("official success", f"{summary['success_rate']:.1%}"),
+        ("calls per turn", f"{summary['calls_per_turn']:.2f}"),
+        ("parse-error rate", f"{summary['parse_error_rate']:.1%} of {summary['caller_messages']} caller messages"),
+        ("generated tokens/s", f"{summary['tokens_per_s']:.1f} ({summary['generated_tokens']} tokens)"),
+        ("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items()))),
+        ("wall time", f"{summary['wall_s']:.0f} s"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from envace.envs import registry
+    from envace.policy.hf import HFBackend
+    from envace.rehearsal.rollout import RolloutEngine
+    from envace.store import Run
+
+    cfg = _rollout_config(args)
+    console = _console()
+    bench = registry.get(cfg.env)
+    tasks = bench.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
+    if not tasks:
+        raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
+    console.print(f"[bold]rollout[/] {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × "
+                  f"{cfg.group_size}, mode {cfg.mode}, model {cfg.model}")
+    console.print("loading model …")
+    backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
+    root = runs_root(args.root)
+    run = Run.create(root, "rollout", asdict(cfg), cfg.model, args.run_name)
+    engine = RolloutEngine(backend, bench, cfg, backend.max_context)
+    total = len(tasks) * cfg.group_size
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
+        bar = progress.add_task("episodes", total=total, status="")
+        done = {"n": 0, "ok": 0}
+
+        def on_episode(row: dict[str, Any]) -> None:
+            done["n"] += 1
+            done["ok"] += bool(row["success"])
+            progress.update(bar, advance=1, status=f"success {done['ok']}/{done['n']}")
+
+        try:
+            summary = engine.run(tasks, run, on_episode).as_dict()
+        except BaseException:
+            run.update(status="interrupted")
+            raise
+    run.update(status="completed", summary=summary)
+    console.print(summary_table(f"{run.run_id}", summary))
+    console.print(f"stored in {run.path}")
+    console.print(f"next: [bold]envace show {run.run_id}[/]" + (f" --root {args.root}" if args.root else ""))
+    return 0
+
+
+# -- runs / show -----------------------------------------------------------------------------------
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from envace.store import list_runs
+
+    root = runs_root(args.root)
+    runs = list_runs(root)
+    console = _console()
+    if not runs:
+        console.print(f"no runs in {root}; start one with: envace rollout --limit 2")
+        return 0
+    table = Table("run", "kind", "status", "model", "episodes", "success", "created")
+    for meta in runs:
+        s = meta.get("summary") or {}
+        table.add_row(meta["run_id"], meta.get("kind", ""), meta.get("status", ""), meta.get("model", ""),
+                      str(s.get("episodes", "")), f"{s['success_rate']:.1%}" if "success_rate" in s else "",
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created_at", 0))))
+    console.print(table)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from envace.store import connect, get_run
+
+    root = runs_root(args.root)
+    meta = get_run(root, args.run)
+    console = _console()
+    console.print(f"[bold]{meta['run_id']}[/]  {meta.get('kind')}  status {meta.get('status')}  "
+                  f"model {meta.get('model')}  git {str(meta.get('git_sha'))[:10]}")
+    if meta.get("summary"):
+        console.print(summary_table("summary", meta["summary"]))
+    con = connect(root)
+    by_category = con.execute(
+        "SELECT category, count(*) AS episodes, avg(success::INT) AS success, sum(n_calls) AS calls, "
+        "sum(n_parse_errors) AS parse_errors FROM episodes WHERE run_id = ? GROUP BY category ORDER BY category",
+        [meta["run_id"]]).fetchall()
+    table = Table("category", "episodes", "success", "calls", "parse errors", title="stored episodes")
+    for category, n, success, calls, errors in by_category:
+        table.add_row(category, str(n), f"{success:.1%}", str(calls), str(errors))
+    console.print(table)
+    tools = con.execute(
+        "SELECT name, count(*) AS n, avg(is_error::INT) FROM calls WHERE run_id = ? GROUP BY name "
+        "ORDER BY n DESC LIMIT 10", [meta["run_id"]]).fetchall()
+    if tools:
+        t = Table("tool", "calls", "error rate", title="most called tools")
+        for name, n, err in tools:
+            t.add_row(name, str(n), f"{err:.1%}")
+        console.print(t)
+    return 0
+
+
+# -- check-env -------------------------------------------------------------------------------------
+
+def cmd_check_env(args: argparse.Namespace) -> int:
+    from envace.envs import registry
+    from envace.envs.check import replay_reference_scores
+
+    bench = registry.get(args.env)
+    console = _console()
+    passed = total = 0
+    for category in bench.categories:
+        ok, n, failures = replay_reference_scores(bench, category)
+        passed, total = passed + ok, total + n
+        console.print(f"{category:<28} {ok}/{n}" + (f"  failed: {', '.join(failures[:5])}" if failures else ""))
+    console.print(f"[bold]{passed}/{total}[/] ground-truth trajectories pass the official checker")
+    return 0 if passed == total else 1
+
+
+# -- bench -----------------------------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from envace.bench import bench_rollout
+
+    bench_rollout(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+
+def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
+    help_of = {f.name: f.metadata.get("help", "") for f in fields(RolloutConfig)}
+    types = {"limit": int, "offset": int, "group_size": int, "batch_size": int, "max_steps_per_turn": int,
+             "max_new_tokens": int, "seed": int, "temperature": float, "top_p": float}
+    for name in _ROLLOUT_FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=types.get(name, str), default=None,
+                       help=help_of[name])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--root", default=None, help="run store root (default: $ENVACE_RUNS or runs/)")
+        return p
+
+    p = with_root(sub.add_parser("rollout", help="play benchmark episodes with a model and store them"))
+    p.add_argument("--config", default=None, help="TOML file with a [rollout] table; flags override it")
+    p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
+    _add_rollout_flags(p)
+    p.set_defaults(func=cmd_rollout)
+
+    with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+
+    p = with_root(sub.add_parser("show", help="summary of one run"))
+    p.add_argument("run")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
+    p.add_argument("env", help="benchmark name, e.g. bfcl")
+    p.set_defaults(func=cmd_check_env)
+
+    p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
+    p.add_argument("what", choices=["rollout"])
+    p.add_argument("--model", default="default")
+    p.add_argument("--limit", type=int, default=4, help="BFCL test episodes (= batch size)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: every completed batch is stored", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Typed job configs. Each field documents itself; configs live in TOML files under `experiments/`.
+
+`load_config(path, cls)` reads a TOML table into a dataclass and rejects unknown keys, wrong types
+and impossible values with one clear message, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from envace.errors import UsageError
+from envace.types import Mode, Split
+
+
+def doc(help_text: str, default: Any = MISSING) -> Any:
+    """A dataclass field whose `help` is shown by `envace … --help` and in docs."""
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class RolloutConfig:
+    """One rollout job: a model plays episodes of one benchmark category."""
+
+    env: str = doc("benchmark name (see `envace.envs.registry`)", "bfcl")
+    category: str = doc("benchmark category, e.g. multi_turn_base", "multi_turn_base")
+    split: str = doc("train | test | all (BFCL: scenario i % 4 == 3 is test)", Split.TEST.value)
+    limit: int | None = doc("number of tasks (None = all of the split)", None)
+    offset: int = doc("skip this many tasks of the split first", 0)
+    mode: str = doc("who answers tool calls: real | rehearse | rehearse+shadow | real+shadow", Mode.REAL.value)
+    model: str = doc("`default` (embedded SmolLM2-135M-Instruct), `tiny`, or a local model path", "default")
+    group_size: int = doc("rollouts per task (GRPO's G)", 1)
+    batch_size: int = doc("episodes advanced together; one store shard per batch", 8)
+    max_steps_per_turn: int = doc("caller messages per user turn before the episode is cut (BFCL: 20)", 20)
+    max_new_tokens: int = doc("token budget of one caller message", 256)
+    temperature: float = doc("sampling temperature; 0 = greedy", 0.0)
+    top_p: float = doc("nucleus sampling mass", 1.0)
+    seed: int = doc("seed for sampling", 0)
+    on_parse_error: str = doc("a malformed caller message: end_turn (BFCL-like) | end_episode (reference)", "end_turn")
+    max_batch_tokens: int = doc("padded tokens per backend micro-batch (memory bound)", 32768)
+
+    def validate(self) -> None:
+        from envace.envs import registry
+
+        bench = registry.get(self.env)
+        if self.category not in bench.categories:
+            raise UsageError(f"unknown {self.env} category '{self.category}' "
+                             f"(choose from {', '.join(bench.categories)})")
+        _choice("split", self.split, [s.value for s in Split])
+        _choice("mode", self.mode, [m.value for m in Mode])
+        _choice("on_parse_error", self.on_parse_error, ["end_turn", "end_episode"])
+        for name in ("group_size", "batch_size", "max_steps_per_turn", "max_new_tokens", "max_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"limit must be at least 1, got {self.limit}")
+        if self.offset < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise UsageError("offset and temperature must be >= 0 and top_p in (0, 1]")
+        if self.mode != Mode.REAL:
+            raise UsageError(f"mode '{self.mode}' needs the rehearser role, which this build does not have yet")
+        from envace.policy.models import check_model_spec
+
+        check_model_spec(self.model)
+
+
+def _choice(name: str, value: str, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise UsageError(f"unknown {name} '{value}' (choose from {', '.join(allowed)})")
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin or hint)
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "config"):
+    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    for key, value in data.items():
+        if not _type_ok(value, hints[key]):
+            raise UsageError(f"{where}: '{key}' should be {hints[key]}, got {value!r}")
+    cfg = cls(**data)
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"config file {p} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{p}: malformed TOML ({exc})") from None

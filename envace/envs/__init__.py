@@ -1,0 +1,1 @@
+"""Tool environments behind one small protocol (see `base.py`)."""

@@ -1,0 +1,56 @@
+"""The environment protocol: `reset(task)`, `execute(call) -> ToolResult`, `score(task, steps)`.
+
+A new benchmark implements `_setup` (fresh per-episode state), `_dispatch` (run one validated call) and
+`score` (the benchmark's own success check), plus a `Benchmark` entry in `registry.py`. Validation
+against the tool schema and turning exceptions into error results are done here, once, for all.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from envace.envs.validate import check_call
+from envace.types import Score, Task, ToolCall, ToolResult
+
+# Per turn, per step, the calls the caller issued: what a benchmark checker scores.
+Steps = list[list[list[ToolCall]]]
+
+
+class Environment(ABC):
+    """One episode's tool world. Instances are never shared between episodes."""
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self._tools: dict[str, dict[str, Any]] = {}
+        self.executions = 0  # counted so tests can prove a mode never touches the environment
+
+    def reset(self, task: Task) -> None:
+        """Start a fresh episode of `task`: new state, every tool of the task callable."""
+        self.task = task
+        schemas = task.tools + [t for added in task.tools_added.values() for t in added]
+        self._tools = {t["function"]["name"]: t["function"] for t in schemas}
+        self._setup(task)
+
+    def execute(self, call: ToolCall) -> ToolResult:
+        """Validate the call against the schema, then dispatch it. Never raises."""
+        self.executions += 1
+        problem = check_call(call, self._tools)
+        if problem:
+            return ToolResult(f"{problem[0]}: {problem[1]}", is_error=True, error_kind=problem[0])
+        try:
+            return self._dispatch(call)
+        except Exception as exc:  # the tool's own failure is the caller's observation, not our crash
+            return ToolResult(f"Error during execution: {exc}", is_error=True, error_kind="EXECUTION_ERROR")
+
+    @abstractmethod
+    def _setup(self, task: Task) -> None:
+        """Build fresh state for `task`."""
+
+    @abstractmethod
+    def _dispatch(self, call: ToolCall) -> ToolResult:
+        """Run one schema-valid call against the episode's state."""
+
+    @abstractmethod
+    def score(self, task: Task, steps: Steps) -> Score:
+        """The benchmark's official verdict on the calls an episode executed, turn by turn."""

@@ -1,0 +1,129 @@
+"""BFCL v4 multi-turn tasks: items, tool schemas, the scenario split and replayed reference trajectories.
+
+Split (fixed, documented in docs/benchmarks.md): the four categories are augmentations of the same 200
+scenarios, so the split is by scenario index `i` of `multi_turn_<category>_<i>`: `i % 4 == 3` is test,
+everything else train, for every category. Nothing in training or tuning reads test scenarios.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from envace.errors import UsageError
+from envace.types import ReferenceStep, Split, Task
+
+CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+
+# BFCL's own user message at the turn where held-out functions are revealed (miss_func).
+ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+
+SYSTEM_PROMPT = (
+    "You are an assistant that completes the user's requests by calling the provided functions. "
+    "Call one or more functions at a time; you will see their results. When the request is done, or "
+    "cannot be done with the functions you have, reply to the user in plain text without a call."
+)
+
+_TYPE_MAP = {"dict": "object", "float": "number", "tuple": "array"}
+
+
+def split_of(scenario: int) -> str:
+    return Split.TEST if scenario % 4 == 3 else Split.TRAIN
+
+
+def data_dir() -> Path:
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("BFCL needs the package bfcl-eval (run `make install`)")
+    return Path(spec.submodule_search_locations[0]) / "data"
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open() as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _openai_types(schema: Any) -> Any:
+    """BFCL's schema dialect ("dict", "float", "tuple") to JSON Schema, recursively."""
+    if isinstance(schema, dict):
+        out = {k: _openai_types(v) for k, v in schema.items()}
+        if isinstance(out.get("type"), str):
+            out["type"] = _TYPE_MAP.get(out["type"], out["type"])
+        return out
+    if isinstance(schema, list):
+        return [_openai_types(v) for v in schema]
+    return schema
+
+
+def to_openai_tool(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": doc["name"], "description": doc["description"],
+                                             "parameters": _openai_types(doc["parameters"])}}
+
+
+@lru_cache(maxsize=16)
+def class_docs(class_name: str) -> tuple[dict[str, Any], ...]:
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    return tuple(_jsonl(data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+
+
+@lru_cache(maxsize=8)
+def _raw(category: str) -> tuple[list[dict[str, Any]], dict[str, list[list[str]]]]:
+    entries = _jsonl(data_dir() / f"BFCL_v4_{category}.json")
+    answers = {a["id"]: a["ground_truth"] for a in _jsonl(data_dir() / "possible_answer" / f"BFCL_v4_{category}.json")}
+    return entries, answers
+
+
+def _build(entry: dict[str, Any], ground_truth: list[list[str]], category: str) -> Task:
+    """One BFCL item as a Task; tools and held-out functions follow BFCL's own populate step."""
+    docs = [d for cls in entry["involved_classes"] for d in class_docs(cls)]
+    missed = {int(turn): names for turn, names in entry.get("missed_function", {}).items()}
+    held_out = {n for names in missed.values() for n in names}
+    scenario = int(entry["id"].rsplit("_", 1)[1])
+    user_turns = [" ".join(m["content"] for m in q if m["role"] == "user") or ADDED_FUNCTIONS_PROMPT
+                  for q in entry["question"]]
+    task = Task(
+        uid=f"bfcl/{entry['id']}", env="bfcl", category=category, split=split_of(scenario), scenario=scenario,
+        system_prompt=SYSTEM_PROMPT,
+        tools=[to_openai_tool(d) for d in docs if d["name"] not in held_out],
+        user_turns=user_turns, reference=[],
+        tools_added={turn: [to_openai_tool(d) for d in docs if d["name"] in names] for turn, names in missed.items()},
+        payload={"entry": entry, "ground_truth": ground_truth,
+                 "response_schemas": {d["name"]: _openai_types(d.get("response", {})) for d in docs}},
+    )
+    task.reference = replay_reference(task)
+    return task
+
+
+def replay_reference(task: Task) -> list[list[ReferenceStep]]:
+    """Ground-truth calls of every turn, executed on a fresh environment, with their real results."""
+    from envace.envs.bfcl.calls import parse_call_string
+    from envace.envs.bfcl.env import BFCLEnv
+
+    env = BFCLEnv()
+    env.reset(task)
+    turns = []
+    for calls in task.payload["ground_truth"]:
+        steps = []
+        for text in calls:
+            call = parse_call_string(text, env.positional_names)
+            steps.append(ReferenceStep(call=call, result=env.execute(call)))
+        turns.append(steps)
+    return turns
+
+
+def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
+               offset: int = 0) -> list[Task]:
+    """Tasks of one category and split, in BFCL's id order; `limit`/`offset` slice after the split."""
+    if category not in CATEGORIES:
+        raise UsageError(f"unknown BFCL category '{category}' (choose from {', '.join(CATEGORIES)})")
+    if split not in tuple(Split):
+        raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
+    entries, answers = _raw(category)
+    chosen = [e for e in entries if split == Split.ALL or split_of(int(e["id"].rsplit("_", 1)[1])) == split]
+    chosen = chosen[offset: None if limit is None else offset + limit]
+    return [_build(copy.deepcopy(e), answers[e["id"]], category) for e in chosen]

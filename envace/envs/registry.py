@@ -1,0 +1,38 @@
+"""Benchmarks by name: how to load their tasks and make a fresh environment for an episode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from envace.envs.base import Environment
+from envace.errors import UsageError
+from envace.types import Task
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    categories: tuple[str, ...]
+    default_category: str
+    load_tasks: Callable[..., list[Task]]
+    make_env: Callable[[], Environment]
+
+
+def _bfcl() -> Benchmark:
+    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks
+
+    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv)
+
+
+_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl}
+
+
+def names() -> list[str]:
+    return sorted(_BENCHMARKS)
+
+
+def get(name: str) -> Benchmark:
+    if name not in _BENCHMARKS:
+        raise UsageError(f"unknown env '{name}' (choose from {', '.join(names())})")
+    return _BENCHMARKS[name]()

@@ -1,0 +1,41 @@
+"""The backend interface: batched generation from token ids to token ids (token-in, token-out).
+
+Backends never see chat messages: prompts arrive as token ids built by the rollout engine, and the
+generated ids come back verbatim so nothing the model wrote is ever re-tokenized. A remote backend
+(an OpenAI-compatible vLLM server taking `prompt` token ids) implements the same `generate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch. `temperature == 0` means greedy."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: its token ids (through the stop token when it stopped), text and finish reason."""
+
+    ids: list[int]
+    text: str
+    finish: str  # "stop" (emitted the stop token) or "length" (hit max_new_tokens)
+    logprobs: list[float] | None = None
+
+
+class Backend(Protocol):
+    """Anything that turns a batch of prompts (token ids) into completions."""
+
+    tokenizer: object
+    calls: int  # generate() calls so far; the rollout engine makes one per step and role
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...

