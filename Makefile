@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -22,14 +22,16 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 demo: install
 	$(BIN)/python -m envace.demo
 
+# The whole suite, slow default-model tests included, after the linter.
 test: install
+	$(BIN)/ruff check envace tests
+	$(BIN)/python -m pytest -q tests
+
+test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
-test-slow: install
-	$(BIN)/python -m pytest -q -m slow tests
-
 lint: install
-	$(BIN)/ruff check envace workbench apps tests
+	$(BIN)/ruff check envace tests
 
 bench: install
 	$(BIN)/envace bench rollout

@@ -10,7 +10,6 @@ import argparse
 import sys
 import time
 from dataclasses import asdict, fields
-from pathlib import Path
 from typing import Any
 
 from envace.config import RolloutConfig, from_dict, load_toml
@@ -87,12 +86,24 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
         bar = progress.add_task("episodes", total=total, status="")
-        done = {"n": 0, "ok": 0}
+        done = {"n": 0, "ok": 0, "steps": 0}
+
+        def on_step(waiting: int, tokens: int) -> None:
+            done["steps"] += 1
+            status = f"step {done['steps']}: {waiting} episode(s) generating, {tokens} tokens so far"
+            progress.update(bar, status=status)
+            if not console.is_terminal:  # no live bar in a log: one line per step instead
+                console.print(status)
 
         def on_episode(row: dict[str, Any]) -> None:
             done["n"] += 1
             done["ok"] += bool(row["success"])
             progress.update(bar, advance=1, status=f"success {done['ok']}/{done['n']}")
+            console.print(f"  {row['episode_id']}: {'success' if row['success'] else 'fail'} "
+                          f"({row['termination']}, {row['n_turns']}/{row['n_ref_turns']} turns, "
+                          f"{row['n_calls']} calls)")
+
+        engine.on_step = on_step
 
         try:
             summary = engine.run(tasks, run, on_episode).as_dict()

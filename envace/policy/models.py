@@ -104,7 +104,9 @@ def load_policy(spec: str, dtype: str = "float32"):
     """Load (model, tokenizer) for a spec, with the tool chat template and left padding."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the CLI draws its own progress
     if spec == TINY_MODEL:
         from envace.policy.tiny import build_tiny
 

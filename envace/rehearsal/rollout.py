@@ -104,6 +104,8 @@ class RolloutEngine:
         self.max_context = max_context
         self.generation_s = 0.0
         self._sampling_step = 0
+        self.on_step: Callable[[int, int], None] | None = None  # (episodes generated for, tokens so far)
+        self._tokens = 0
 
     # -- one episode's transitions ------------------------------------------------------------------
 
@@ -204,6 +206,9 @@ class RolloutEngine:
             start = time.perf_counter()
             gens = self.backend.generate([list(ep.ids) for ep in waiting], self._sampling())
             self.generation_s += time.perf_counter() - start
+            self._tokens += sum(len(g.ids) for g in gens)
+            if self.on_step:
+                self.on_step(len(waiting), self._tokens)
             pending = [(ep, calls) for ep, gen in zip(waiting, gens, strict=True)
                        if (calls := self._on_generation(ep, gen))]
             self._answer(pending)

@@ -1,0 +1,70 @@
+"""`envace bench rollout`: the rollout engine's generated tokens/s against raw batched `model.generate`.
+
+Both sides run in one process on the same model and the same prompts: the engine plays BFCL test
+episodes (one backend call per step), recording each step's batch of prompts; then every recorded
+batch is replayed through a plain left-padded `model.generate` call of the same batch size and token
+budget. Tokens/s on each side is generated tokens over its own wall time, so the engine's parsing,
+environment calls, rendering and store-free bookkeeping all count against it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from envace.config import RolloutConfig
+from envace.envs import registry
+from envace.policy.backend import SamplingParams
+from envace.policy.hf import HFBackend
+from envace.rehearsal.rollout import RolloutEngine
+
+
+def _raw_generate(backend: HFBackend, prompts: list[list[int]], max_new_tokens: int) -> int:
+    """One plain batched `generate` call; returns the tokens generated up to each row's stop token."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    pad = backend.tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        out = backend.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                     do_sample=False, eos_token_id=backend.stop_ids, pad_token_id=pad)
+    total = 0
+    for row in out[:, width:].tolist():
+        stop = next((k for k, t in enumerate(row) if t in backend.stop_ids), None)
+        total += len(row) if stop is None else stop + 1
+    return total
+
+
+def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 64, console=None) -> dict:
+    say = console.print if console else print
+    bench = registry.get("bfcl")
+    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
+    backend = HFBackend.load(model)
+    cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
+                        max_steps_per_turn=3)
+    batches: list[list[list[int]]] = []
+    generate = backend.generate
+
+    def recording(prompts: list[list[int]], params: SamplingParams):
+        batches.append(prompts)
+        return generate(prompts, params)
+
+    backend.generate = recording  # type: ignore[method-assign]
+    say(f"engine: {limit} BFCL test episodes, batch {limit}, {max_new_tokens} new tokens per message …")
+    start = time.perf_counter()
+    summary = RolloutEngine(backend, bench, cfg, backend.max_context).run(tasks)
+    engine_s = time.perf_counter() - start
+    say(f"raw model.generate: replaying the engine's {len(batches)} step batches …")
+    start = time.perf_counter()
+    raw_tokens = sum(_raw_generate(backend, b, max_new_tokens) for b in batches)
+    raw_s = time.perf_counter() - start
+    result = {
+        "model": model, "episodes": limit, "steps": len(batches), "max_new_tokens": max_new_tokens,
+        "engine_tokens": summary.generated_tokens, "engine_s": round(engine_s, 1),
+        "engine_tok_per_s": round(summary.generated_tokens / engine_s, 2),
+        "raw_tokens": raw_tokens, "raw_s": round(raw_s, 1), "raw_tok_per_s": round(raw_tokens / raw_s, 2),
+    }
+    result["ratio"] = round(result["engine_tok_per_s"] / result["raw_tok_per_s"], 2)
+    say(result)
+    return result
