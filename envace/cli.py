@@ -31,7 +31,8 @@ def _console():
 # -- rollout ---------------------------------------------------------------------------------------
 
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
-                  "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error")
+                  "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
+                  "decision_sample")
 
 
 def _rollout_config(args: argparse.Namespace) -> RolloutConfig:
@@ -50,9 +51,11 @@ def summary_table(title: str, summary: dict[str, Any]):
     rows = [
         ("episodes", f"{summary['episodes']}"),
         ("official success", f"{summary['success_rate']:.1%}"),
+        ("checklist reward", f"{summary.get('checklist', 0.0):.3f}"),
         ("calls per turn", f"{summary['calls_per_turn']:.2f}"),
         ("parse-error rate", f"{summary['parse_error_rate']:.1%} of {summary['caller_messages']} caller messages"),
         ("generated tokens/s", f"{summary['tokens_per_s']:.1f} ({summary['generated_tokens']} tokens)"),
+        ("pairs (real vs rehearsed)", f"{summary.get('pairs', 0)}"),
         ("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items()))),
         ("wall time", f"{summary['wall_s']:.0f} s"),
     ]
@@ -80,8 +83,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     console.print("loading model …")
     backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
     root = runs_root(args.root)
+    examples = None
+    if cfg.mode != "real" and cfg.rehearser.fewshot == "other_tasks":
+        from envace.rehearsal.examples import ExampleBank
+
+        examples = ExampleBank(bench.load_tasks(cfg.category, "train"))
     run = Run.create(root, "rollout", asdict(cfg), cfg.model, args.run_name)
-    engine = RolloutEngine(backend, bench, cfg, backend.max_context)
+    engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples)
     total = len(tasks) * cfg.group_size
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
@@ -172,6 +180,46 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- fidelity --------------------------------------------------------------------------------------
+
+FIDELITY_SQL = """
+SELECT coalesce(name, 'all') AS tool, count(*) AS pairs,
+       avg(exact) AS exact, avg(structure_f1) AS structure_f1, avg(value_acc) AS value_acc,
+       avg(error_agree) AS error_agree, avg(embed_cos) AS embed_cos, avg(copied::INT) AS copy_rate,
+       avg(decision_changed::INT) AS decision_change, count(decision_changed) AS forks,
+       avg((rehearsal_error IS NOT NULL)::INT) AS malformed
+FROM pairs WHERE run_id = ? GROUP BY ROLLUP (name) HAVING count(*) > 0
+ORDER BY name IS NULL, pairs DESC, name
+"""
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from envace.store import connect, get_run
+
+    root = runs_root(args.root)
+    meta = get_run(root, args.run)
+    rows = connect(root).execute(FIDELITY_SQL, [meta["run_id"]]).fetchall()
+    console = _console()
+    if not rows:
+        console.print(f"run {meta['run_id']} has no pairs: rerun with --mode real+shadow or rehearse+shadow")
+        return 0
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    table = Table("tool", "pairs", "exact", "struct F1", "value acc", "error agree", "embed cos", "copy rate",
+                  "decision Δ", "malformed", title=f"world-model fidelity of {meta['run_id']}")
+    for tool, n, *scores, forks, malformed in rows:
+        cells = [fmt(v) for v in scores]
+        cells[-1] = f"{cells[-1]} ({forks})" if forks else "-"
+        table.add_row(tool, str(n), *cells, fmt(malformed))
+    console.print(table)
+    console.print("exact: same JSON after normalisation; struct F1: key paths; value acc: real leaf values "
+                  "reproduced; error agree: both fail or both succeed; embed cos: MiniLM cosine; copy rate: "
+                  "verbatim few-shot copies; decision Δ: next action changed (forks sampled); malformed: "
+                  "rehearsals without a valid <execution_result>")
+    return 0
+
+
 # -- check-env -------------------------------------------------------------------------------------
 
 def cmd_check_env(args: argparse.Namespace) -> int:
@@ -203,7 +251,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
     help_of = {f.name: f.metadata.get("help", "") for f in fields(RolloutConfig)}
     types = {"limit": int, "offset": int, "group_size": int, "batch_size": int, "max_steps_per_turn": int,
-             "max_new_tokens": int, "seed": int, "temperature": float, "top_p": float}
+             "max_new_tokens": int, "seed": int, "temperature": float, "top_p": float, "decision_sample": float}
     for name in _ROLLOUT_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=types.get(name, str), default=None,
                        help=help_of[name])
@@ -228,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_root(sub.add_parser("show", help="summary of one run"))
     p.add_argument("run")
     p.set_defaults(func=cmd_show)
+
+    p = with_root(sub.add_parser("fidelity", help="per-tool world-model fidelity of a shadow run"))
+    p.add_argument("run")
+    p.set_defaults(func=cmd_fidelity)
 
     p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
     p.add_argument("env", help="benchmark name, e.g. bfcl")

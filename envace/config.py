@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,30 @@ from envace.types import Mode, Split
 def doc(help_text: str, default: Any = MISSING) -> Any:
     """A dataclass field whose `help` is shown by `envace … --help` and in docs."""
     return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class RehearserOptions:
+    """What the rehearser sees and how its output is handled (sections of `rehearser_prompt`)."""
+
+    system: bool = doc("the validate-first system instruction", True)
+    tools: str = doc("tools shown: called (all names + the called tool's schema) | all (every schema) | none",
+                     "called")
+    response_schema: bool = doc("the called tool's response schema, where the benchmark has one", True)
+    fewshot: str = doc("grounding examples: reference (this task's real results) | other_tasks (train tasks "
+                       "only, leakage-free) | none", "reference")
+    max_examples: int = doc("grounding examples shown, same tool first", 8)
+    history: bool = doc("the flattened conversation so far", True)
+    latest_message: bool = doc("the caller's latest raw message", True)
+    max_new_tokens: int = doc("token budget of one rehearsal", 128)
+    on_error: str = doc("a malformed rehearsal that is fed back: end_episode (reference) | feed_error", "end_episode")
+
+    def validate(self) -> None:
+        _choice("rehearser.tools", self.tools, ["called", "all", "none"])
+        _choice("rehearser.fewshot", self.fewshot, ["reference", "other_tasks", "none"])
+        _choice("rehearser.on_error", self.on_error, ["end_episode", "feed_error"])
+        if self.max_examples < 0 or self.max_new_tokens < 1:
+            raise UsageError("rehearser.max_examples must be >= 0 and rehearser.max_new_tokens >= 1")
 
 
 @dataclass
@@ -42,6 +66,10 @@ class RolloutConfig:
     seed: int = doc("seed for sampling", 0)
     on_parse_error: str = doc("a malformed caller message: end_turn (BFCL-like) | end_episode (reference)", "end_turn")
     max_batch_tokens: int = doc("padded tokens per backend micro-batch (memory bound)", 32768)
+    rehearser: RehearserOptions = field(default_factory=RehearserOptions,
+                                        metadata={"help": "the rehearser role (modes other than real)"})
+    embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
+    decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
 
     def validate(self) -> None:
         from envace.envs import registry
@@ -60,8 +88,9 @@ class RolloutConfig:
             raise UsageError(f"limit must be at least 1, got {self.limit}")
         if self.offset < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
             raise UsageError("offset and temperature must be >= 0 and top_p in (0, 1]")
-        if self.mode != Mode.REAL:
-            raise UsageError(f"mode '{self.mode}' needs the rehearser role, which this build does not have yet")
+        if not 0 <= self.decision_sample <= 1:
+            raise UsageError(f"decision_sample must be in [0, 1], got {self.decision_sample}")
+        self.rehearser.validate()
         from envace.policy.models import check_model_spec
 
         check_model_spec(self.model)
@@ -92,8 +121,11 @@ def from_dict(cls: type, data: dict[str, Any], where: str = "config"):
     unknown = sorted(set(data) - known)
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    data = dict(data)
     for key, value in data.items():
-        if not _type_ok(value, hints[key]):
+        if is_dataclass(hints[key]) and isinstance(value, dict):
+            data[key] = from_dict(hints[key], value, where=f"{where}.{key}")
+        elif not _type_ok(value, hints[key]):
             raise UsageError(f"{where}: '{key}' should be {hints[key]}, got {value!r}")
     cfg = cls(**data)
     if hasattr(cfg, "validate"):

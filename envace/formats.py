@@ -96,3 +96,66 @@ def render_tool_call(call: ToolCall) -> str:
     """The canonical caller text of one call, as the chat template renders an assistant tool call."""
     body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+# -- rehearser output ------------------------------------------------------------------------------
+
+RESULT_OPEN = "<execution_result>"
+RESULT_CLOSE = "</execution_result>"
+MAX_RESULT_CHARS = 20_000
+
+# Rehearsal error kinds, stored verbatim in `pairs.rehearsal_error`.
+MISSING_RESULT = "missing_result"
+UNCLOSED_RESULT = "unclosed_result"
+SEVERAL_RESULTS = "several_results"
+INVALID_JSON = "invalid_json"
+EMPTY_RESULT = "empty_result"
+TOO_LONG = "too_long"
+
+
+@dataclass(frozen=True)
+class ParsedResult:
+    """A rehearser message: the JSON value inside `<execution_result>`, or a classified error."""
+
+    value: Any = None
+    error: str | None = None
+    detail: str = ""
+
+
+def parse_execution_result(text: str) -> ParsedResult:
+    """Strictly parse `<execution_result>JSON</execution_result>`. Never raises."""
+    if not isinstance(text, str):
+        return ParsedResult(error=MISSING_RESULT, detail="message is not text")
+    if len(text) > MAX_RESULT_CHARS:
+        return ParsedResult(error=TOO_LONG, detail=f"{len(text)} characters")
+    opens, closes = text.count(RESULT_OPEN), text.count(RESULT_CLOSE)
+    if opens == 0:
+        return ParsedResult(error=MISSING_RESULT, detail="no <execution_result> tag")
+    if opens > 1 or closes > 1:
+        return ParsedResult(error=SEVERAL_RESULTS, detail=f"{opens} results")
+    if closes == 0:
+        return ParsedResult(error=UNCLOSED_RESULT, detail="no </execution_result> (truncated?)")
+    body = text.split(RESULT_OPEN, 1)[1].split(RESULT_CLOSE, 1)[0].strip()
+    if not body:
+        return ParsedResult(error=EMPTY_RESULT, detail="empty result")
+    try:
+        return ParsedResult(value=json.loads(body))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return ParsedResult(error=INVALID_JSON, detail=str(exc)[:200])
+
+
+def as_json_value(content: str) -> Any:
+    """A tool response as a JSON value: parsed when it is JSON text, else the text as a JSON string."""
+    try:
+        return json.loads(content)
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return content
+
+
+def render_execution_result(value: Any) -> str:
+    return f"{RESULT_OPEN}\n{json.dumps(value, ensure_ascii=False)}\n{RESULT_CLOSE}"
+
+
+def content_of(value: Any) -> str:
+    """The text a caller sees for a JSON result value (strings stay bare, as real tools return them)."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

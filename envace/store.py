@@ -35,25 +35,31 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("mode", pa.string()),
         ("success", pa.bool_()),          # official benchmark success
         ("score_detail", pa.string()),    # the checker's error type when it failed
-        ("termination", pa.string()),     # completed | step_limit | context_exceeded | parse_error
+        ("checklist", pa.float64()),      # environment-free checklist reward in [0, 1] (envace.rewards)
+        ("checklist_detail", pa.string()),  # JSON: per reference turn, which items passed
+        ("termination", pa.string()),     # completed | step_limit | context_exceeded | parse_error | rehearsal_error
         ("n_turns", pa.int32()), ("n_ref_turns", pa.int32()),  # user turns reached / in the task
         ("n_steps", pa.int32()),          # caller messages
         ("n_calls", pa.int32()), ("n_parse_errors", pa.int32()), ("n_tool_errors", pa.int32()),
+        ("n_rehearsals", pa.int32()), ("n_rehearsal_errors", pa.int32()),
+        ("env_executions", pa.int32()),   # calls the real environment executed (0 in rehearse mode)
         ("prompt_tokens", pa.int32()),    # the first caller prompt
         ("generated_tokens", pa.int32()),
         ("context_ids", pa.list_(pa.int32())),  # final caller context; turns.prompt_len indexes into it
         ("wall_s", pa.float64()),
     ]),
-    # One row per model generation (a caller message; later issues add other roles).
+    # One row per model generation: a caller message, or the rehearsal of one call (the unit of training).
     "turns": pa.schema(_KEY + _STEP + [
-        ("role", pa.string()),
-        ("user_message", pa.string()),    # the user text that opened this turn (step 0 only)
-        ("prompt_len", pa.int32()),       # prompt = episodes.context_ids[:prompt_len]
+        ("role", pa.string()),            # caller | rehearser
+        ("call_index", pa.int32()),       # rehearser: which call of the caller message it answers
+        ("user_message", pa.string()),    # caller: the user text that opened this turn (step 0 only)
+        ("prompt_len", pa.int32()),       # caller: prompt = episodes.context_ids[:prompt_len]
+        ("prompt_ids", pa.list_(pa.int32())),  # rehearser: its own prompt (not part of the caller context)
         ("completion_ids", pa.list_(pa.int32())),
         ("completion_text", pa.string()),
         ("finish", pa.string()),          # stop | length
         ("n_calls", pa.int32()),
-        ("parse_error", pa.string()),     # None, or a kind from envace.formats
+        ("parse_error", pa.string()),     # None, or an error kind from envace.formats
         ("parse_detail", pa.string()),
         ("logprobs", pa.list_(pa.float32())),
     ]),
@@ -63,6 +69,21 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("name", pa.string()), ("arguments", pa.string()),  # arguments as JSON
         ("source", pa.string()),          # real | rehearsed: who wrote the response the caller saw
         ("response", pa.string()), ("is_error", pa.bool_()), ("error_kind", pa.string()),
+    ]),
+    # One row per call answered both ways (shadow modes): the unit of world-model fidelity.
+    "pairs": pa.schema(_KEY + _STEP + [
+        ("call_index", pa.int32()), ("name", pa.string()), ("arguments", pa.string()),
+        ("fed_back", pa.string()),        # real | rehearsed: which one the caller saw
+        ("real_response", pa.string()), ("rehearsed_response", pa.string()),  # rehearsed: None if malformed
+        ("real_is_error", pa.bool_()), ("rehearsed_is_error", pa.bool_()),
+        ("rehearsal_error", pa.string()),  # None, or a rehearsal error kind from envace.formats
+        ("valid_json", pa.float64()), ("exact", pa.float64()), ("structure_f1", pa.float64()),
+        ("value_acc", pa.float64()),
+        ("error_agreement", pa.string()),  # both_ok | both_error | false_error | missed_error
+        ("error_agree", pa.float64()), ("string_sim", pa.float64()),
+        ("embed_cos", pa.float64()),      # all-MiniLM-L6-v2 cosine; None when not computed
+        ("copied", pa.bool_()),           # the rehearsal is verbatim one of its few-shot examples
+        ("decision_changed", pa.bool_()),  # the next caller action differs after real vs rehearsed (sampled)
     ]),
 }
 

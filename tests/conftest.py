@@ -34,10 +34,11 @@ class ReferencePolicy:
     environment and the official checker can be tested end to end without a trained model.
     """
 
-    def __init__(self, tokenizer, tasks, corrupt: str | None = None) -> None:
+    def __init__(self, tokenizer, tasks, corrupt: str | None = None, rehearsal: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.by_first_turn = {t.user_turns[0]: t for t in tasks}
         self.corrupt = corrupt
+        self.rehearsal = rehearsal  # a fixed rehearser reply, else the real result of the matching reference call
         self.calls = 0
         self.prompts: list[list[int]] = []
 
@@ -45,6 +46,8 @@ class ReferencePolicy:
         from envace.formats import render_tool_call
 
         text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+        if "## Call to simulate\n" in text:
+            return self._rehearse(text)
         blocks = [b for b in text.split("<|im_start|>") if b.startswith("user\n")]
         first = blocks[0][len("user\n"):].split("<|im_end|>")[0]
         task = self.by_first_turn[first]
@@ -54,6 +57,21 @@ class ReferencePolicy:
             return self.corrupt
         reference = task.reference[turn]
         return render_tool_call(reference[step].call) if step < len(reference) else "Done."
+
+    def _rehearse(self, text: str) -> str:
+        import json
+
+        from envace.formats import as_json_value, render_execution_result
+
+        if self.rehearsal is not None:
+            return self.rehearsal
+        call = json.loads(text.split("## Call to simulate\n", 1)[1].split("<|im_end|>")[0])
+        task = next(t for first, t in self.by_first_turn.items() if f"User: {first}" in text)
+        for turn in task.reference:
+            for ref in turn:
+                if ref.call.name == call["name"] and ref.call.arguments == call["arguments"]:
+                    return render_execution_result(as_json_value(ref.result.content))
+        return render_execution_result({"result": "ok"})
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.calls += 1
@@ -69,4 +87,4 @@ class ReferencePolicy:
 
 @pytest.fixture()
 def reference_policy(tiny):
-    return lambda tasks, corrupt=None: ReferencePolicy(tiny[1], tasks, corrupt)
+    return lambda tasks, corrupt=None, rehearsal=None: ReferencePolicy(tiny[1], tasks, corrupt, rehearsal)

@@ -94,3 +94,20 @@ def test_a_killed_run_keeps_its_completed_batches(tmp_path):
     assert 1 <= stored < 6
     assert con.execute("SELECT count(DISTINCT episode_id) FROM turns").fetchall()[0][0] == stored
     assert con.execute("SELECT status FROM runs").fetchall()[0] == ("interrupted",)
+
+
+def test_shadow_rollout_and_fidelity_table(tmp_path, capsys):
+    root = str(tmp_path)
+    assert main(["rollout", "--mode", "real+shadow", "--limit", "1", "--run-name", "sh", "--root", root,
+                 "--max-steps-per-turn", "1", "--model", "tiny", "--max-new-tokens", "4"]) == 0
+    capsys.readouterr()
+    con = connect(root)
+    calls = con.execute("SELECT count(*) FROM calls").fetchall()[0][0]
+    assert con.execute("SELECT count(*) FROM pairs").fetchall()[0][0] == calls
+    assert main(["fidelity", "sh", "--root", root]) == 0
+    out = capsys.readouterr().out
+    assert ("world-model fidelity" in out and "all" in out) if calls else "has no pairs" in out
+    assert main(["rollout", "--limit", "1", "--run-name", "plain", "--root", root, *FAST]) == 0
+    capsys.readouterr()
+    assert main(["fidelity", "plain", "--root", root]) == 0
+    assert "has no pairs" in capsys.readouterr().out

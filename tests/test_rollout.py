@@ -1,5 +1,3 @@
-import pytest
-
 from envace.config import RolloutConfig
 from envace.rehearsal.rollout import RolloutEngine
 
@@ -87,10 +85,3 @@ def test_group_rollouts_are_separate_episodes(bfcl, reference_policy):
     episodes = engine.run_batch(batch)
     assert [ep.group_index for ep in episodes] == [0, 1, 2]
     assert len({id(ep.env) for ep in episodes}) == 3
-
-
-def test_modes_without_a_rehearser_are_refused(bfcl, tiny_backend):
-    from envace.errors import UsageError
-
-    with pytest.raises(UsageError):
-        RolloutEngine(tiny_backend, bfcl, RolloutConfig(mode="rehearse"))

@@ -32,6 +32,11 @@ class Environment(ABC):
         self._tools = {t["function"]["name"]: t["function"] for t in schemas}
         self._setup(task)
 
+    @property
+    def tools(self) -> dict[str, dict[str, Any]]:
+        """Every tool of the current task, name → OpenAI function schema (validation needs no execution)."""
+        return self._tools
+
     def execute(self, call: ToolCall) -> ToolResult:
         """Validate the call against the schema, then dispatch it. Never raises."""
         self.executions += 1

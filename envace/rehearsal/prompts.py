@@ -9,9 +9,11 @@ the prompt of step k+1 always starts with the exact ids of step k's prompt and c
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from envace.types import Task, ToolResult
+from envace.config import RehearserOptions
+from envace.types import Task, ToolCall, ToolResult
 
 # A throwaway conversation ending in an assistant message: rendering it with and without the new
 # messages isolates exactly the text the template adds for them.
@@ -59,3 +61,67 @@ class ChatRenderer:
             listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in new_tools)
             text = f"<tools>\n{listing}\n</tools>\n{text}"
         return self.delta([{"role": "user", "content": text}])
+
+
+# -- the rehearser role ----------------------------------------------------------------------------
+
+REHEARSER_SYSTEM = """You are a precise tool simulator. You receive one tool call and reply with the result the real tool would return.
+Validate the call first, in this order:
+- INVALID_TOOL_CALL_FORMAT: the call is not a well-formed function call with JSON arguments.
+- TOOL_NOT_AVAILABLE: the tool is not among the available tools.
+- INVALID_PARAMETERS: a required parameter is missing, a parameter is unknown, or a value has the wrong type or is not an allowed value.
+If one applies, the result is {"error": "<KIND>", "message": "<what is wrong>"}.
+Otherwise write the result the tool returns, consistent with its response schema, the previous results and the conversation; a tool that fails returns {"error": "<message>"}.
+Reply with exactly one <execution_result> tag holding one JSON value, then </execution_result>, and nothing else."""  # noqa: E501
+
+_RESULT_CHARS = 600  # long-context results are shown truncated as examples
+
+
+@dataclass(frozen=True)
+class Example:
+    """One (call, real result) shown to the rehearser as grounding."""
+
+    call: ToolCall
+    content: str
+
+
+def flatten_history(history: list[tuple[str, str]]) -> str:
+    """`User:` / `Assistant:` / `Tool[name]:` lines, the way the rehearser reads the conversation."""
+    return "\n".join(f"{who}: {text}" for who, text in history) or "<empty>"
+
+
+def rehearser_prompt(task: Task, call: ToolCall, examples: list[Example], history: list[tuple[str, str]],
+                     latest: str, options: RehearserOptions) -> list[dict[str, Any]]:
+    """Chat messages asking the rehearser for `call`'s result; each section is switchable."""
+    schemas = {t["function"]["name"]: t["function"] for t in task.tools}
+    for added in task.tools_added.values():
+        schemas.update({t["function"]["name"]: t["function"] for t in added})
+    parts = []
+    if options.tools == "all":
+        parts.append("## Available tools\n" + "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas.values()))
+    elif options.tools == "called":
+        parts.append("## Available tools\n" + ", ".join(schemas))
+        if call.name in schemas:
+            parts.append("## Schema of the called tool\n" + json.dumps(schemas[call.name], ensure_ascii=False))
+    response_schema = task.payload.get("response_schemas", {}).get(call.name)
+    if options.response_schema and response_schema:
+        parts.append("## Response schema of the called tool\n" + json.dumps(response_schema, ensure_ascii=False))
+    if options.fewshot != "none":
+        shown = "\n".join(f"{json.dumps({'name': e.call.name, 'arguments': e.call.arguments}, ensure_ascii=False)}"
+                          f" -> {e.content[:_RESULT_CHARS]}" for e in examples)
+        parts.append("## Previous tool calls and results\n" + (shown or "<unavailable>"))
+    if options.history:
+        parts.append("## Conversation so far\n" + flatten_history(history))
+    if options.latest_message:
+        parts.append("## The caller's latest message\n" + (latest or "<empty>"))
+    parts.append("## Call to simulate\n" + json.dumps({"name": call.name, "arguments": call.arguments},
+                                                      ensure_ascii=False))
+    messages = [{"role": "user", "content": "\n\n".join(parts)}]
+    if options.system:
+        messages.insert(0, {"role": "system", "content": REHEARSER_SYSTEM})
+    return messages
+
+
+def encode_messages(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)

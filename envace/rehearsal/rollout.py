@@ -1,33 +1,40 @@
-"""The batched rollout engine: many episodes advance together, one backend call per step.
+"""The batched rollout engine: many episodes advance together, one backend call per step and role.
 
-Each step, every episode waiting on the caller goes to the backend in one batch; the calls it emits
-are answered (by the real environment in `real` mode), their responses are appended to that
-episode's context as token ids, and the episode waits on the caller again. A plain answer (no call)
-ends the user turn; the next scripted user turn is appended, or the episode ends and is scored by
-the benchmark's own checker.
+Each step, every episode waiting on the caller goes to the backend in one batch. The calls it emits
+are answered according to the mode: by each episode's real environment (`real`), by the policy as
+rehearser (`rehearse`: every pending call of every episode in one batch, no environment touched), or
+by one of them while the other is recorded beside it (`rehearse+shadow`, `real+shadow`) as a *pair*
+for the fidelity ledger. The fed-back responses are appended to the caller's context as token ids
+and the episode waits on the caller again. A plain answer ends the user turn; the next scripted user
+turn is appended, or the episode ends and is scored (checklist reward, official checker).
 
-Termination reasons: `completed` (every user turn answered), `step_limit` (max_steps_per_turn caller
-messages in one turn; BFCL force-terminates there), `context_exceeded` (the next generation would not
-fit the model's window), `parse_error` (a malformed call with on_parse_error = end_episode).
+Terminations: `completed`, `step_limit` (max_steps_per_turn caller messages in one turn; BFCL
+force-terminates there), `context_exceeded`, `parse_error` (malformed call, on_parse_error =
+end_episode), `rehearsal_error` (malformed rehearsal fed back, rehearser.on_error = end_episode).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from envace import fidelity, rewards
 from envace.config import RolloutConfig
 from envace.envs.base import Environment
 from envace.envs.registry import Benchmark
-from envace.errors import UsageError
-from envace.formats import parse_tool_calls
+from envace.envs.validate import check_call
+from envace.formats import ParsedResult, content_of, parse_execution_result, parse_tool_calls
 from envace.policy.backend import Backend, Generation, SamplingParams
-from envace.rehearsal.prompts import ChatRenderer
+from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.prompts import ChatRenderer, encode_messages, rehearser_prompt
 from envace.store import Run
 from envace.types import Mode, Role, Task, ToolCall, ToolResult
+
+_NAMED_ERRORS = {"INVALID_TOOL_CALL_FORMAT", "TOOL_NOT_AVAILABLE", "INVALID_PARAMETERS"}
 
 
 @dataclass
@@ -42,14 +49,37 @@ class Episode:
     prompt_tokens: int
     turn: int = 0
     step: int = 0
-    steps: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])  # executed calls, for scoring
+    steps: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])  # dispatched calls, for the checker
+    issued: list[list[ToolCall]] = field(default_factory=lambda: [[]])  # every call per turn, for the checklist
+    history: list[tuple[str, str]] = field(default_factory=list)  # the conversation as the rehearser reads it
+    latest: str = ""
     turns: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
     n_parse_errors: int = 0
     n_tool_errors: int = 0
+    n_rehearsal_errors: int = 0
     generated_tokens: int = 0
     termination: str | None = None
     started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Rehearsal:
+    """The rehearser's answer to one call: what the caller would see, and how it parsed."""
+
+    result: ToolResult
+    parsed: ParsedResult
+    examples: list[str]
+
+
+@dataclass
+class Fork:
+    """A pair whose next caller action is generated after the real and after the rehearsed response."""
+
+    pair: dict[str, Any]
+    after_real: list[int]
+    after_rehearsed: list[int]
 
 
 @dataclass
@@ -58,32 +88,39 @@ class Summary:
 
     episodes: int = 0
     successes: int = 0
+    checklist: float = 0.0
     turns: int = 0
     caller_messages: int = 0
     calls: int = 0
     parse_errors: int = 0
+    pairs: int = 0
     generated_tokens: int = 0
     generation_s: float = 0.0
     wall_s: float = 0.0
     terminations: dict[str, int] = field(default_factory=dict)
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: dict[str, Any], pairs: int) -> None:
         self.episodes += 1
         self.successes += bool(row["success"])
+        self.checklist += row["checklist"]
         self.turns += row["n_turns"]
         self.caller_messages += row["n_steps"]
         self.calls += row["n_calls"]
         self.parse_errors += row["n_parse_errors"]
+        self.pairs += pairs
         self.generated_tokens += row["generated_tokens"]
         self.terminations[row["termination"]] = self.terminations.get(row["termination"], 0) + 1
 
     def as_dict(self) -> dict[str, Any]:
-        per = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
+        def per(a: float, b: float) -> float:
+            return round(a / b, 4) if b else 0.0
+
         return {
             "episodes": self.episodes, "success_rate": per(self.successes, self.episodes),
-            "calls_per_turn": per(self.calls, self.turns), "parse_error_rate": per(self.parse_errors,
-                                                                                     self.caller_messages),
-            "caller_messages": self.caller_messages, "calls": self.calls,
+            "checklist": per(self.checklist, self.episodes),
+            "calls_per_turn": per(self.calls, self.turns),
+            "parse_error_rate": per(self.parse_errors, self.caller_messages),
+            "caller_messages": self.caller_messages, "calls": self.calls, "pairs": self.pairs,
             "generated_tokens": self.generated_tokens,
             "tokens_per_s": per(self.generated_tokens, self.generation_s), "wall_s": round(self.wall_s, 2),
             "terminations": self.terminations,
@@ -94,18 +131,20 @@ class RolloutEngine:
     """Runs episodes of one benchmark with one backend; see the module docstring for the loop."""
 
     def __init__(self, backend: Backend, benchmark: Benchmark, config: RolloutConfig,
-                 max_context: int | None = None) -> None:
-        if config.mode != Mode.REAL:
-            raise UsageError(f"mode '{config.mode}' needs the rehearser role, which this build does not have yet")
+                 max_context: int | None = None, examples: ExampleBank | None = None) -> None:
         self.backend = backend
         self.benchmark = benchmark
         self.config = config
+        self.mode = Mode(config.mode)
         self.renderer = ChatRenderer(backend.tokenizer)
         self.max_context = max_context
+        self.examples = examples or ExampleBank()
         self.generation_s = 0.0
-        self._sampling_step = 0
         self.on_step: Callable[[int, int], None] | None = None  # (episodes generated for, tokens so far)
         self._tokens = 0
+        self._sampling_step = 0
+        self._forks: list[Fork] = []
+        self._rng = random.Random(config.seed)
 
     # -- one episode's transitions ------------------------------------------------------------------
 
@@ -113,17 +152,16 @@ class RolloutEngine:
         env = self.benchmark.make_env()
         env.reset(task)
         ids = self.renderer.opening(task)
-        return Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, ids, len(ids))
+        ep = Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, ids, len(ids))
+        ep.history.append(("User", task.user_turns[0]))
+        return ep
 
-    def _record_message(self, ep: Episode, gen: Generation, prompt_len: int, n_calls: int,
-                        error: str | None, detail: str) -> None:
-        ep.turns.append({
-            "episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "role": Role.CALLER.value,
-            "user_message": ep.task.user_turns[ep.turn] if ep.step == 0 else None,
-            "prompt_len": prompt_len, "completion_ids": gen.ids, "completion_text": gen.text,
-            "finish": gen.finish, "n_calls": n_calls, "parse_error": error, "parse_detail": detail or None,
-            "logprobs": gen.logprobs,
-        })
+    def _row(self, ep: Episode, role: Role, gen: Generation, **fields: Any) -> dict[str, Any]:
+        self._tokens += len(gen.ids)
+        ep.generated_tokens += len(gen.ids)
+        return {"episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "role": role.value,
+                "completion_ids": gen.ids, "completion_text": gen.text, "finish": gen.finish,
+                "logprobs": gen.logprobs, **fields}
 
     def _on_generation(self, ep: Episode, gen: Generation) -> list[ToolCall]:
         """Append the caller's message; return the calls to answer (empty when the turn ended)."""
@@ -131,9 +169,12 @@ class RolloutEngine:
         ep.ids.extend(gen.ids)
         if gen.finish == "length":  # close the cut-off message so the next delta renders after it
             ep.ids.append(self.renderer.end_of_message)
-        ep.generated_tokens += len(gen.ids)
         parsed = parse_tool_calls(gen.text)
-        self._record_message(ep, gen, prompt_len, len(parsed.calls), parsed.error, parsed.detail)
+        ep.turns.append(self._row(
+            ep, Role.CALLER, gen, user_message=ep.task.user_turns[ep.turn] if ep.step == 0 else None,
+            prompt_len=prompt_len, n_calls=len(parsed.calls), parse_error=parsed.error,
+            parse_detail=parsed.detail or None))
+        ep.latest = gen.text
         if parsed.error:
             ep.n_parse_errors += 1
             if self.config.on_parse_error == "end_episode":
@@ -141,18 +182,23 @@ class RolloutEngine:
                 return []
         if parsed.calls:
             return parsed.calls
+        ep.history.append(("Assistant", gen.text))
         self._end_turn(ep)
         return []
 
-    def _on_results(self, ep: Episode, calls: list[ToolCall], results: list[ToolResult], source: str) -> None:
+    def _on_results(self, ep: Episode, calls: list[ToolCall], results: list[ToolResult], source: str,
+                    dispatched: list[bool]) -> None:
+        ep.history.append(("Assistant", ep.latest))
         for index, (call, result) in enumerate(zip(calls, results, strict=True)):
             ep.calls.append({
                 "episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "call_index": index,
                 "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "source": source,
                 "response": result.content, "is_error": result.is_error, "error_kind": result.error_kind,
             })
+            ep.history.append((f"Tool[{call.name}]", result.content))
             ep.n_tool_errors += result.is_error
-        ep.steps[ep.turn].append([c for c, r in zip(calls, results, strict=True) if r.dispatched])
+        ep.issued[ep.turn].extend(calls)
+        ep.steps[ep.turn].append([c for c, ok in zip(calls, dispatched, strict=True) if ok])
         ep.ids.extend(self.renderer.tool_results(results))
         ep.step += 1
         if ep.step >= self.config.max_steps_per_turn:
@@ -165,32 +211,132 @@ class RolloutEngine:
             ep.termination = "completed"
             return
         ep.steps.append([])
-        ep.ids.extend(self.renderer.user_turn(ep.task.user_turns[ep.turn], ep.task.tools_added.get(ep.turn)))
+        ep.issued.append([])
+        text = ep.task.user_turns[ep.turn]
+        ep.history.append(("User", text))
+        ep.ids.extend(self.renderer.user_turn(text, ep.task.tools_added.get(ep.turn)))
 
     def _episode_row(self, ep: Episode) -> dict[str, Any]:
         score = ep.env.score(ep.task, ep.steps)
+        checklist, detail = rewards.checklist(ep.task, ep.issued)  # one entry per turn reached
         return {
             "episode_id": ep.episode_id, "task_uid": ep.task.uid, "env": ep.task.env,
             "category": ep.task.category, "split": ep.task.split, "group_index": ep.group_index,
-            "mode": self.config.mode, "success": score.success, "score_detail": score.detail,
+            "mode": self.mode.value, "success": score.success, "score_detail": score.detail,
+            "checklist": checklist, "checklist_detail": json.dumps(detail),
             "termination": ep.termination, "n_turns": min(ep.turn, len(ep.task.user_turns)),
-            "n_ref_turns": len(ep.task.user_turns), "n_steps": len(ep.turns), "n_calls": len(ep.calls),
+            "n_ref_turns": len(ep.task.user_turns),
+            "n_steps": sum(t["role"] == Role.CALLER for t in ep.turns), "n_calls": len(ep.calls),
             "n_parse_errors": ep.n_parse_errors, "n_tool_errors": ep.n_tool_errors,
+            "n_rehearsals": sum(t["role"] == Role.REHEARSER for t in ep.turns),
+            "n_rehearsal_errors": ep.n_rehearsal_errors, "env_executions": ep.env.executions,
             "prompt_tokens": ep.prompt_tokens, "generated_tokens": ep.generated_tokens,
             "context_ids": ep.ids, "wall_s": time.perf_counter() - ep.started,
         }
 
-    # -- the batched loop ---------------------------------------------------------------------------
+    # -- answering calls ----------------------------------------------------------------------------
 
-    def _sampling(self) -> SamplingParams:
+    def _sampling(self, max_new_tokens: int, greedy: bool = False) -> SamplingParams:
         self._sampling_step += 1
         c = self.config
-        return SamplingParams(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              seed=c.seed * 1_000_003 + self._sampling_step)
+        return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else c.temperature,
+                              top_p=c.top_p, seed=c.seed * 1_000_003 + self._sampling_step)
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        start = time.perf_counter()
+        gens = self.backend.generate(prompts, params)
+        self.generation_s += time.perf_counter() - start
+        return gens
+
+    def _rehearse(self, items: list[tuple[Episode, int, ToolCall]]) -> list[Rehearsal]:
+        """Every pending call of every episode, rehearsed in one backend call."""
+        options = self.config.rehearser
+        shown, prompts = [], []
+        for ep, _, call in items:
+            examples = self.examples.for_call(ep.task, call, options)
+            shown.append([e.content for e in examples])
+            messages = rehearser_prompt(ep.task, call, examples, ep.history, ep.latest, options)
+            prompts.append(encode_messages(self.backend.tokenizer, messages))
+        gens = self._generate(prompts, self._sampling(options.max_new_tokens))
+        out = []
+        for (ep, index, _), prompt, gen, examples in zip(items, prompts, gens, shown, strict=True):
+            parsed = parse_execution_result(gen.text)
+            ep.turns.append(self._row(ep, Role.REHEARSER, gen, call_index=index, prompt_ids=prompt,
+                                      prompt_len=len(prompt), parse_error=parsed.error,
+                                      parse_detail=parsed.detail or None))
+            if parsed.error:
+                ep.n_rehearsal_errors += 1
+                message = f"INVALID_EXECUTION_RESULT: {parsed.error}"
+                result = ToolResult(json.dumps({"error": message}), True, "INVALID_EXECUTION_RESULT")
+            else:
+                value = parsed.value
+                failed = isinstance(value, dict) and "error" in value
+                kind = value["error"] if failed and value["error"] in _NAMED_ERRORS else "TOOL_ERROR"
+                result = ToolResult(content_of(value), failed, kind if failed else "")
+            out.append(Rehearsal(result, parsed, examples))
+        return out
+
+    def _pair(self, ep: Episode, index: int, call: ToolCall, real: ToolResult, rehearsal: Rehearsal,
+              fed: str) -> dict[str, Any]:
+        rehearsed = None if rehearsal.parsed.error else rehearsal.result.content
+        return {
+            "episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "call_index": index,
+            "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "fed_back": fed,
+            "real_response": real.content, "rehearsed_response": rehearsed,
+            "real_is_error": real.is_error, "rehearsed_is_error": rehearsal.result.is_error,
+            "rehearsal_error": rehearsal.parsed.error,
+            **fidelity.score_pair(real.content, rehearsed, real.is_error, rehearsal.result.is_error,
+                                  rehearsal.examples),
+            "embed_cos": None, "decision_changed": None,
+        }
 
     def _answer(self, pending: list[tuple[Episode, list[ToolCall]]]) -> None:
+        items = [(ep, i, call) for ep, calls in pending for i, call in enumerate(calls)]
+        uses_env = self.mode != Mode.REHEARSE
+        real = [ep.env.execute(call) for ep, _, call in items] if uses_env else []
+        rehearsed = self._rehearse(items) if self.mode != Mode.REAL else []
+        feed_real = self.mode in (Mode.REAL, Mode.REAL_SHADOW)
+        cursor = 0
         for ep, calls in pending:
-            self._on_results(ep, calls, [ep.env.execute(c) for c in calls], source="real")
+            span = range(cursor, cursor + len(calls))
+            cursor += len(calls)
+            fed = [real[k] if feed_real else rehearsed[k].result for k in span]
+            if uses_env:
+                dispatched = [real[k].dispatched for k in span]
+            else:  # no environment: the schema alone decides what the checker would have executed
+                dispatched = [check_call(c, ep.env.tools) is None for c in calls]
+            if real and rehearsed:
+                base = list(ep.ids)
+                for i, k in enumerate(span):
+                    pair = self._pair(ep, i, calls[i], real[k], rehearsed[k], "real" if feed_real else "rehearsed")
+                    ep.pairs.append(pair)
+                    if pair["rehearsed_response"] is not None and self._rng.random() < self.config.decision_sample:
+                        self._fork(pair, base, fed, i, real[k], rehearsed[k].result)
+            self._on_results(ep, calls, fed, "real" if feed_real else "rehearsed", dispatched)
+            if not feed_real and self.config.rehearser.on_error == "end_episode" and \
+                    any(rehearsed[k].parsed.error for k in span) and ep.termination is None:
+                ep.termination = "rehearsal_error"
+
+    def _fork(self, pair: dict[str, Any], base: list[int], fed: list[ToolResult], i: int,
+              real: ToolResult, rehearsed: ToolResult) -> None:
+        def swapped(result: ToolResult) -> list[int]:
+            return base + self.renderer.tool_results(fed[:i] + [result] + fed[i + 1:])
+
+        self._forks.append(Fork(pair, swapped(real), swapped(rehearsed)))
+
+    def _resolve_forks(self) -> None:
+        """Generate the next caller action after each forked pair's real and rehearsed response (greedy)."""
+        if not self._forks:
+            return
+        prompts = [p for f in self._forks for p in (f.after_real, f.after_rehearsed)]
+        gens = self._generate(prompts, self._sampling(self.config.max_new_tokens, greedy=True))
+        for n, fork in enumerate(self._forks):
+            a, b = (parse_tool_calls(gens[2 * n + j].text) for j in (0, 1))
+            key = lambda m: [(c.name, fidelity.canonical(c.arguments)) for c in m.calls]  # noqa: E731
+            fork.pair["decision_changed"] = key(a) != key(b) or (a.error is None) != (b.error is None)
+        self._forks = []
+
+    # -- the batched loop ---------------------------------------------------------------------------
 
     def run_batch(self, batch: list[tuple[Task, int]]) -> list[Episode]:
         """Play a batch of (task, group index) episodes to the end; return them, finished."""
@@ -202,16 +348,26 @@ class RolloutEngine:
                     ep.termination = "context_exceeded"
             waiting = [ep for ep in episodes if ep.termination is None]
             if not waiting:
-                return episodes
-            start = time.perf_counter()
-            gens = self.backend.generate([list(ep.ids) for ep in waiting], self._sampling())
-            self.generation_s += time.perf_counter() - start
-            self._tokens += sum(len(g.ids) for g in gens)
-            if self.on_step:
-                self.on_step(len(waiting), self._tokens)
+                break
+            gens = self._generate([list(ep.ids) for ep in waiting], self._sampling(self.config.max_new_tokens))
             pending = [(ep, calls) for ep, gen in zip(waiting, gens, strict=True)
                        if (calls := self._on_generation(ep, gen))]
-            self._answer(pending)
+            if pending:
+                self._answer(pending)
+            if self.on_step:
+                self.on_step(len(waiting), self._tokens)
+        self._resolve_forks()
+        self._embed([p for ep in episodes for p in ep.pairs])
+        return episodes
+
+    def _embed(self, pairs: list[dict[str, Any]]) -> None:
+        scored = [p for p in pairs if p["rehearsed_response"] is not None]
+        if self.config.embedding and scored:
+            from envace.embedding import cosine
+
+            sims = cosine([p["real_response"] for p in scored], [p["rehearsed_response"] for p in scored])
+            for pair, sim in zip(scored, sims, strict=True):
+                pair["embed_cos"] = sim
 
     def batches(self, tasks: list[Task]) -> Iterator[list[tuple[Task, int]]]:
         items = [(t, g) for t in tasks for g in range(self.config.group_size)]
@@ -221,7 +377,7 @@ class RolloutEngine:
 
     def run(self, tasks: list[Task], run: Run | None = None,
             on_episode: Callable[[dict[str, Any]], None] | None = None) -> Summary:
-        """Play every task `group_size` times, writing one shard per batch to `run`."""
+        """Play every task `group_size` times, writing one shard per batch and table to `run`."""
         summary = Summary()
         started = time.perf_counter()
         for index, batch in enumerate(self.batches(tasks)):
@@ -231,10 +387,10 @@ class RolloutEngine:
                 key = {"run_id": run.run_id, "batch": index}
                 shard = f"batch-{index:05d}"
                 run.write("episodes", shard, [{**key, **r} for r in rows])
-                run.write("turns", shard, [{**key, **t} for ep in episodes for t in ep.turns])
-                run.write("calls", shard, [{**key, **c} for ep in episodes for c in ep.calls])
-            for row in rows:
-                summary.add(row)
+                for table in ("turns", "calls", "pairs"):
+                    run.write(table, shard, [{**key, **r} for ep in episodes for r in getattr(ep, table)])
+            for ep, row in zip(episodes, rows, strict=True):
+                summary.add(row, len(ep.pairs))
                 if on_episode:
                     on_episode(row)
         summary.generation_s = self.generation_s

@@ -1,0 +1,82 @@
+"""Episode rewards in [0, 1], each with per-item detail for the store.
+
+`checklist` (default, environment-free) is built deterministically from the reference trajectory:
+every ground-truth call of a user turn is an item, with weights summing to 1 per turn; an item passes
+when the caller issued, in that turn, a call with the same function and equivalent arguments. The
+episode score is Σ turn scores / number of reference turns, so turns lost to early termination score
+0 (the reference release's shape, without its 30B judge). A turn whose reference has no call (BFCL
+miss_func / miss_param) scores 1 when reached. `official` is the benchmark checker's verdict on a
+real (or shadow) environment: an ablation that uses the environment for scoring only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from envace.fidelity import canonical
+from envace.types import Score, Task, ToolCall
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def equivalent(expected: Any, actual: Any) -> bool:
+    """BFCL-style value equivalence: numbers across int/float/numeric strings, stripped strings,
+    lists in any order, dicts key by key."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return expected.keys() == actual.keys() and all(equivalent(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list | tuple) and isinstance(actual, list | tuple):
+        if len(expected) != len(actual):
+            return False
+        if all(equivalent(e, a) for e, a in zip(expected, actual, strict=True)):
+            return True
+        return sorted(map(canonical, expected)) == sorted(map(canonical, actual))
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return expected is actual
+    a, b = _number(expected), _number(actual)
+    if a is not None and b is not None and not (isinstance(expected, str) and isinstance(actual, str)):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(expected, str) and isinstance(actual, str):
+        return expected.strip() == actual.strip()
+    return expected == actual
+
+
+def call_matches(expected: ToolCall, actual: ToolCall) -> bool:
+    """Same function, every reference argument present and equivalent; extra arguments are optional ones."""
+    return expected.name == actual.name and all(
+        key in actual.arguments and equivalent(value, actual.arguments[key])
+        for key, value in expected.arguments.items())
+
+
+def checklist(task: Task, issued: list[list[ToolCall]]) -> tuple[float, list[list[bool]]]:
+    """(score, passed items per reference turn); `issued[k]` is every call the caller made in turn k."""
+    detail: list[list[bool]] = []
+    total = 0.0
+    for k, reference in enumerate(task.reference):
+        reached = k < len(issued)
+        unused = list(issued[k]) if reached else []
+        passed = []
+        for ref in reference:
+            hit = next((c for c in unused if call_matches(ref.call, c)), None)
+            if hit is not None:
+                unused.remove(hit)
+            passed.append(hit is not None)
+        detail.append(passed)
+        if reached:
+            total += sum(passed) / len(passed) if passed else 1.0
+    return (total / len(task.reference) if task.reference else 0.0), detail
+
+
+def official(score: Score) -> float:
+    return float(score.success)

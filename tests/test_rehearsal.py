@@ -1,0 +1,137 @@
+import json
+
+import pytest
+
+from envace.config import RehearserOptions, RolloutConfig
+from envace.formats import parse_execution_result
+from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.rollout import RolloutEngine
+from envace.store import Run, connect
+
+
+def _engine(backend, bfcl, **kw):
+    kw.setdefault("embedding", False)
+    return RolloutEngine(backend, bfcl, RolloutConfig(batch_size=4, **kw))
+
+
+def test_rehearse_mode_never_touches_the_environment(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=3)
+    engine = _engine(reference_policy(tasks), bfcl, mode="rehearse")
+    episodes = engine.run_batch([(t, 0) for t in tasks])
+    assert all(ep.env.executions == 0 for ep in episodes)
+    assert all(c["source"] == "rehearsed" for ep in episodes for c in ep.calls)
+    rows = [engine._episode_row(ep) for ep in episodes]
+    # a rehearser that reproduces the real results lets the caller finish every turn: full checklist
+    assert all(r["checklist"] == 1.0 and r["env_executions"] == 0 for r in rows)
+
+
+def test_rehearsals_are_batched_across_episodes(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=4)
+    policy = reference_policy(tasks)
+    episodes = _engine(policy, bfcl, mode="rehearse").run_batch([(t, 0) for t in tasks])
+    caller_steps = max(sum(r["role"] == "caller" for r in ep.turns) for ep in episodes)
+    steps_with_calls = max(len([s for turn in ep.steps for s in turn]) for ep in episodes)
+    # one caller call per step, one rehearser call per step that had pending calls (any episode)
+    assert caller_steps <= policy.calls <= caller_steps + steps_with_calls + len(tasks)
+    assert sum(r["role"] == "rehearser" for ep in episodes for r in ep.turns) == sum(len(ep.calls) for ep in episodes)
+
+
+def test_shadow_pairs_line_up_with_the_real_replay(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
+    episodes = _engine(reference_policy(tasks), bfcl, mode="rehearse+shadow").run_batch([(t, 0) for t in tasks])
+    for ep in episodes:
+        real = [ref.result.content for turn in ep.task.reference for ref in turn]
+        assert [p["real_response"] for p in ep.pairs] == real
+        assert all(p["fed_back"] == "rehearsed" and p["exact"] == 1.0 and p["copied"] for p in ep.pairs)
+        assert ep.env.executions == len(real)
+
+
+def test_real_shadow_feeds_real_responses_and_records_bad_rehearsals(bfcl, reference_policy, tmp_path):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
+    policy = reference_policy(tasks, rehearsal="no tags here")
+    engine = _engine(policy, bfcl, mode="real+shadow", decision_sample=1.0)
+    run = Run.create(tmp_path, "rollout", {}, "tiny", name="shadow")
+    summary = engine.run(tasks, run)
+    assert summary.terminations == {"completed": 2}  # a bad rehearsal only matters when it is fed back
+    con = connect(tmp_path)
+    pairs = con.execute("SELECT fed_back, rehearsal_error, rehearsed_response, exact, decision_changed "
+                        "FROM pairs").fetchall()
+    assert len(pairs) == summary.calls > 0
+    assert all(p == ("real", "missing_result", None, 0.0, None) for p in pairs)  # no fork without a rehearsal
+    roles = dict(con.execute("SELECT role, count(*) FROM turns GROUP BY role").fetchall())
+    assert roles["rehearser"] == summary.calls
+
+
+def test_malformed_rehearsal_fed_back_ends_the_episode_by_default(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    for on_error, termination in (("end_episode", "rehearsal_error"), ("feed_error", "completed")):
+        policy = reference_policy(tasks, rehearsal="<execution_result>{truncated")
+        engine = _engine(policy, bfcl, mode="rehearse", rehearser=RehearserOptions(on_error=on_error))
+        (ep,) = engine.run_batch([(tasks[0], 0)])
+        assert ep.termination == termination
+        assert ep.calls[0]["error_kind"] == "INVALID_EXECUTION_RESULT"
+
+
+def test_decision_forks_compare_next_actions(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    wrong = '<execution_result>\n{"error": "No such file"}\n</execution_result>'
+    engine = _engine(reference_policy(tasks, rehearsal=wrong), bfcl, mode="real+shadow", decision_sample=1.0)
+    (ep,) = engine.run_batch([(tasks[0], 0)])
+    flags = [p["decision_changed"] for p in ep.pairs]
+    assert flags and all(f is not None for f in flags)
+    assert not any(flags)  # the scripted caller ignores tool responses, so its next action never changes
+
+
+def test_embedding_cosine_is_filled(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    engine = RolloutEngine(reference_policy(tasks), bfcl, RolloutConfig(mode="rehearse+shadow"))
+    (ep,) = engine.run_batch([(tasks[0], 0)])
+    assert all(p["embed_cos"] == pytest.approx(1.0, abs=1e-4) for p in ep.pairs)
+
+
+def test_rehearser_prompt_sections_are_switchable(bfcl, reference_policy):
+    from envace.rehearsal.prompts import Example, rehearser_prompt
+
+    task = bfcl.load_tasks("multi_turn_base", "test", limit=1)[0]
+    call = task.reference[0][0].call
+    full = rehearser_prompt(task, call, [Example(call, '{"x": 1}')], [("User", "hi")], "latest!",
+                            RehearserOptions())
+    text = full[1]["content"]
+    for section in ("Available tools", "Schema of the called tool", "Response schema", "Previous tool calls",
+                    "Conversation so far", "latest message", "Call to simulate"):
+        assert section in text
+    bare = rehearser_prompt(task, call, [], [], "", RehearserOptions(
+        system=False, tools="none", response_schema=False, fewshot="none", history=False, latest_message=False))
+    assert len(bare) == 1 and bare[0]["content"].startswith("## Call to simulate")
+
+
+def test_leakage_free_examples_come_from_train_tasks_only(bfcl):
+    train = bfcl.load_tasks("multi_turn_base", "train", limit=30)
+    bank = ExampleBank(train)
+    test_task = bfcl.load_tasks("multi_turn_base", "test", limit=1)[0]
+    call = test_task.reference[0][0].call
+    shown = bank.for_call(test_task, call, RehearserOptions(fewshot="other_tasks"))
+    test_results = {ref.result.content for turn in test_task.reference for ref in turn}
+    assert shown and all(e.call.name == call.name for e in shown[:1])
+    assert all(e.content not in test_results or e.content in {r.result.content for t in train
+                                                              for turn in t.reference for r in turn} for e in shown)
+    with pytest.raises(ValueError):
+        ExampleBank([test_task])
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("plain words", "missing_result"),
+    ("<execution_result>{\"a\": 1", "unclosed_result"),
+    ("<execution_result>1</execution_result><execution_result>2</execution_result>", "several_results"),
+    ("<execution_result>{'a': 1}</execution_result>", "invalid_json"),
+    ("<execution_result>  </execution_result>", "empty_result"),
+    ("<execution_result>" + "x" * 30000 + "</execution_result>", "too_long"),
+])
+def test_rehearsal_errors_are_classified(text, kind):
+    assert parse_execution_result(text).error == kind
+
+
+def test_rehearsal_parses_any_json_value():
+    assert parse_execution_result('<execution_result>\n{"b": [1, "ü"]}\n</execution_result>').value == {"b": [1, "ü"]}
+    assert parse_execution_result("<execution_result>null</execution_result>").error is None
+    assert json.loads("null") is parse_execution_result("<execution_result>null</execution_result>").value
