@@ -20,7 +20,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/python -m envace.demo
+	$(BIN)/python -u -m envace.demo
 
 # The whole suite, slow default-model tests included, after the linter.
 test: install

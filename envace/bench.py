@@ -68,3 +68,41 @@ def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 
     result["ratio"] = round(result["engine_tok_per_s"] / result["raw_tok_per_s"], 2)
     say(result)
     return result
+
+
+def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int = 64, console=None) -> dict:
+    """`rehearse+shadow` against `real` on the same episodes and batch, then metric throughput."""
+    from envace import fidelity
+    from envace.embedding import cosine
+    from envace.rehearsal.examples import ExampleBank
+
+    say = console.print if console else print
+    bench = registry.get("bfcl")
+    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
+    bank = ExampleBank(bench.load_tasks("multi_turn_base", "train"))
+    backend = HFBackend.load(model)
+    result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
+    for mode in ("real", "rehearse+shadow"):
+        cfg = RolloutConfig(model=model, mode=mode, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
+                            max_steps_per_turn=2, caller_demo=True, embedding=True)
+        say(f"{mode}: {limit} episodes …")
+        start = time.perf_counter()
+        summary = RolloutEngine(backend, bench, cfg, backend.max_context, bank).run(tasks)
+        seconds = time.perf_counter() - start
+        result[mode] = {"tokens": summary.generated_tokens, "s": round(seconds, 1),
+                        "tok_per_s": round(summary.generated_tokens / seconds, 2), "pairs": summary.pairs,
+                        "pairs_per_s": round(summary.pairs / seconds, 3)}
+    real = [ref.result.content for t in bench.load_tasks("multi_turn_base", "all") for turn in t.reference
+            for ref in turn]
+    rehearsed = [r.replace("1", "2") for r in real]  # near misses: same structure, some values changed
+    start = time.perf_counter()
+    for a, b in zip(real, rehearsed, strict=True):
+        fidelity.score_pair(a, b, False, False, [a])
+    text_s = time.perf_counter() - start
+    start = time.perf_counter()
+    cosine(real, rehearsed)
+    embed_s = time.perf_counter() - start
+    result["metrics"] = {"pairs": len(real), "text_metrics_pairs_per_s": round(len(real) / text_s),
+                         "with_embedding_pairs_per_s": round(len(real) / (text_s + embed_s))}
+    say(result)
+    return result

@@ -84,7 +84,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
     root = runs_root(args.root)
     examples = None
-    if cfg.mode != "real" and cfg.rehearser.fewshot == "other_tasks":
+    if cfg.caller_demo or (cfg.mode != "real" and cfg.rehearser.fewshot == "other_tasks"):
         from envace.rehearsal.examples import ExampleBank
 
         examples = ExampleBank(bench.load_tasks(cfg.category, "train"))
@@ -240,9 +240,10 @@ def cmd_check_env(args: argparse.Namespace) -> int:
 # -- bench -----------------------------------------------------------------------------------------
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from envace.bench import bench_rollout
+    from envace import bench
 
-    bench_rollout(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
+    run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
+    run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
     return 0
 
 
@@ -286,15 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_env)
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
-    p.add_argument("what", choices=["rollout"])
+    p.add_argument("what", choices=["rollout", "rehearsal"])
     p.add_argument("--model", default="default")
-    p.add_argument("--limit", type=int, default=4, help="BFCL test episodes (= batch size)")
+    p.add_argument("--limit", type=int, default=2, help="BFCL test episodes (= batch size)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -33,6 +33,7 @@ class RehearserOptions:
     fewshot: str = doc("grounding examples: reference (this task's real results) | other_tasks (train tasks "
                        "only, leakage-free) | none", "reference")
     max_examples: int = doc("grounding examples shown, same tool first", 8)
+    demo_turn: bool = doc("show the first grounding example as an answered turn in the output format", False)
     history: bool = doc("the flattened conversation so far", True)
     latest_message: bool = doc("the caller's latest raw message", True)
     max_new_tokens: int = doc("token budget of one rehearsal", 128)
@@ -68,6 +69,7 @@ class RolloutConfig:
     max_batch_tokens: int = doc("padded tokens per backend micro-batch (memory bound)", 32768)
     rehearser: RehearserOptions = field(default_factory=RehearserOptions,
                                         metadata={"help": "the rehearser role (modes other than real)"})
+    caller_demo: bool = doc("show the caller one worked first turn of a train task with the same tools", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
 

@@ -1,7 +1,9 @@
 """`make demo`: the whole pipeline as far as it exists, on the embedded default model.
 
-Today: a real rollout of SmolLM2-135M-Instruct on BFCL test-split episodes, scored by BFCL's official
-checker and stored as Parquet shards, then read back through DuckDB.
+Today: SmolLM2-135M-Instruct plays BFCL test-split episodes against the real tools in `real+shadow`
+mode (the real response is fed back; the same policy, prompted as the environment, rehearses every
+call beside it), scored by BFCL's official checker and the checklist reward, stored as Parquet
+shards, read back through DuckDB, and summarised as a per-tool world-model fidelity table.
 """
 
 from __future__ import annotations
@@ -18,30 +20,32 @@ def step(title: str) -> None:
 
 def run() -> int:
     name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    step("1/3 rollout: the default model plays 4 BFCL multi_turn_base test episodes against the real tools")
-    print("(first run converts the embedded GGUF to a trainable checkpoint, ~30 s)", flush=True)
+    step("1/4 rollout: the default model acts on 4 BFCL multi_turn_base test episodes against the real tools,\n"
+         "    and rehearses every call it makes (real+shadow)")
+    print("(first run converts the embedded GGUF to a trainable checkpoint, ~30 s; the caller is shown one\n"
+          " worked call from a train task, since a 135M model never calls tools zero-shot)", flush=True)
     rc = envace(["rollout", "--env", "bfcl", "--category", "multi_turn_base", "--split", "test", "--limit", "4",
-                 "--mode", "real", "--model", "default", "--max-new-tokens", "96", "--max-steps-per-turn", "3",
+                 "--mode", "real+shadow", "--model", "default", "--config", "experiments/demo.toml",
                  "--run-name", name])
     if rc:
         return rc
-    step("2/3 the stored run, read back through DuckDB")
+    step("2/4 the stored run, read back through DuckDB")
     envace(["show", name])
+    step("3/4 world-model fidelity: real vs rehearsed tool responses, per tool")
+    envace(["fidelity", name])
     from envace.store import connect
 
     con = connect("runs")
-    print("SQL> SELECT episode_id, success, termination, n_turns, n_calls FROM episodes WHERE run_id = ?")
-    for row in con.execute("SELECT episode_id, success, termination, n_turns, n_calls FROM episodes "
-                           "WHERE run_id = ? ORDER BY episode_id", [name]).fetchall():
-        print("   ", row)
-    first = con.execute("SELECT completion_text FROM turns WHERE run_id = ? ORDER BY episode_id, turn, step "
-                        "LIMIT 1", [name]).fetchall()
-    if first:
-        print(f"first caller message: {first[0][0][:160]!r}")
-    step("3/3 next")
-    print("envace runs                      # every stored run")
-    print(f"envace show {name}   # this run again")
-    print("envace check-env bfcl            # 800/800 ground-truth trajectories through the official checker")
+    sql = ("SELECT name, real_response, rehearsed_response, structure_f1 FROM pairs WHERE run_id = ? "
+           "ORDER BY episode_id, turn, step, call_index LIMIT 3")
+    print(f"SQL> {sql}")
+    for tool, real, rehearsed, f1 in con.execute(sql, [name]).fetchall():
+        print(f"  {tool}\n    real      {real[:90]!r}\n    rehearsed {str(rehearsed)[:90]!r}  (struct F1 {f1:.2f})")
+    step("4/4 next")
+    print("envace runs                       # every stored run")
+    print(f"envace fidelity {name}   # this table again")
+    print("envace check-env bfcl             # 800/800 ground-truth trajectories through the official checker")
+    print("training, private rehearsal and the app are not built yet")
     return 0
 
 

@@ -123,7 +123,10 @@ def value_accuracy(real: str | None, rehearsed: str | None, rel_tol: float = 1e-
 
 
 def error_agreement(real_error: bool | None, rehearsed_error: bool | None) -> str:
-    """`both_error`, `both_ok`, `false_error` (rehearsal invents a failure) or `missed_error`."""
+    """`both_error`, `both_ok`, `false_error` (rehearsal invents a failure), `missed_error`, or
+    `no_rehearsal` when `rehearsed_error` is None (a malformed rehearsal agrees with nothing)."""
+    if rehearsed_error is None:
+        return "no_rehearsal"
     real_error, rehearsed_error = bool(real_error), bool(rehearsed_error)
     if real_error == rehearsed_error:
         return "both_error" if real_error else "both_ok"

@@ -79,7 +79,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("rehearsal_error", pa.string()),  # None, or a rehearsal error kind from envace.formats
         ("valid_json", pa.float64()), ("exact", pa.float64()), ("structure_f1", pa.float64()),
         ("value_acc", pa.float64()),
-        ("error_agreement", pa.string()),  # both_ok | both_error | false_error | missed_error
+        ("error_agreement", pa.string()),  # both_ok | both_error | false_error | missed_error | no_rehearsal
         ("error_agree", pa.float64()), ("string_sim", pa.float64()),
         ("embed_cos", pa.float64()),      # all-MiniLM-L6-v2 cosine; None when not computed
         ("copied", pa.bool_()),           # the rehearsal is verbatim one of its few-shot examples

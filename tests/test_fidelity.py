@@ -40,6 +40,8 @@ def test_error_agreement():
     assert f.error_agreement(False, False) == "both_ok"
     assert f.error_agreement(False, True) == "false_error"
     assert f.error_agreement(True, False) == "missed_error"
+    assert f.error_agreement(True, None) == "no_rehearsal"  # a malformed rehearsal agrees with nothing
+    assert f.score_pair("x", None, True, None, [])["error_agree"] == 0.0
 
 
 def test_non_json_and_missing_rehearsals():

@@ -100,6 +100,9 @@ def test_rehearser_prompt_sections_are_switchable(bfcl, reference_policy):
     for section in ("Available tools", "Schema of the called tool", "Response schema", "Previous tool calls",
                     "Conversation so far", "latest message", "Call to simulate"):
         assert section in text
+    demo = rehearser_prompt(task, call, [Example(call, '{"x": 1}')], [], "", RehearserOptions(demo_turn=True))
+    assert [m["role"] for m in demo] == ["system", "user", "assistant", "user"]
+    assert demo[2]["content"] == '<execution_result>\n{"x": 1}\n</execution_result>'
     bare = rehearser_prompt(task, call, [], [], "", RehearserOptions(
         system=False, tools="none", response_schema=False, fewshot="none", history=False, latest_message=False))
     assert len(bare) == 1 and bare[0]["content"].startswith("## Call to simulate")

@@ -8,6 +8,7 @@ the current scenario, so no test answer is ever shown.
 from __future__ import annotations
 
 from envace.config import RehearserOptions
+from envace.formats import render_tool_call
 from envace.rehearsal.prompts import Example
 from envace.types import Task, ToolCall
 
@@ -17,9 +18,12 @@ def _examples(task: Task) -> list[Example]:
 
 
 class ExampleBank:
+    """Train-split material for prompts: rehearser grounding and caller demonstrations."""
+
     def __init__(self, train_tasks: list[Task] | None = None) -> None:
         self.by_tool: dict[str, list[tuple[int, Example]]] = {}
-        for task in train_tasks or []:
+        self.tasks = list(train_tasks or [])
+        for task in self.tasks:
             if task.split != "train":
                 raise ValueError(f"{task.uid} is not a train task; the bank must never hold test answers")
             for example in _examples(task):
@@ -35,3 +39,20 @@ class ExampleBank:
             return []
         same = [e for e in pool if e.call.name == call.name]
         return (same + [e for e in pool if e.call.name != call.name])[: options.max_examples]
+
+    def demonstration(self, task: Task) -> list[dict[str, str]]:
+        """A worked first turn of another train task with the same tools, as chat messages.
+
+        The 135M default model copies the `<tool_call>` format from context but never produces it
+        zero-shot, so an in-context demonstration is what makes its calls (and rehearsals) happen.
+        """
+        names = {t["function"]["name"] for t in task.tools}
+        for other in self.tasks:
+            first = other.reference[0] if other.reference else []
+            if other.scenario == task.scenario or not first or not {s.call.name for s in first} <= names:
+                continue
+            # A bare call as the previous assistant turn is the pattern it copies; showing the tool
+            # response as well made it imitate the response block instead.
+            return [{"role": "user", "content": other.user_turns[0]},
+                    {"role": "assistant", "content": "\n".join(render_tool_call(s.call) for s in first)}]
+        return []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.config import RehearserOptions
+from envace.formats import as_json_value, render_execution_result
 from envace.types import Task, ToolCall, ToolResult
 
 # A throwaway conversation ending in an assistant message: rendering it with and without the new
@@ -41,9 +42,10 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def opening(self, task: Task) -> list[int]:
-        """System prompt with the task's tools, the first user turn, and the assistant header."""
-        messages = [{"role": "system", "content": task.system_prompt},
+    def opening(self, task: Task, demonstration: list[dict[str, Any]] | None = None) -> list[int]:
+        """System prompt with the task's tools, an optional worked example, the first user turn, and
+        the assistant header."""
+        messages = [{"role": "system", "content": task.system_prompt}, *(demonstration or []),
                     {"role": "user", "content": task.user_turns[0]}]
         return self.encode(self._render(messages, generation_prompt=True, tools=task.tools))
 
@@ -117,6 +119,14 @@ def rehearser_prompt(task: Task, call: ToolCall, examples: list[Example], histor
     parts.append("## Call to simulate\n" + json.dumps({"name": call.name, "arguments": call.arguments},
                                                       ensure_ascii=False))
     messages = [{"role": "user", "content": "\n\n".join(parts)}]
+    if options.demo_turn and examples:
+        # One answered call in the exact output format: a small model copies a format it has just
+        # seen, where a description of the format alone gets prose back.
+        first = examples[0]
+        messages[:0] = [
+            {"role": "user", "content": "## Call to simulate\n" + json.dumps(
+                {"name": first.call.name, "arguments": first.call.arguments}, ensure_ascii=False)},
+            {"role": "assistant", "content": render_execution_result(as_json_value(first.content))}]
     if options.system:
         messages.insert(0, {"role": "system", "content": REHEARSER_SYSTEM})
     return messages

@@ -151,7 +151,8 @@ class RolloutEngine:
     def _start(self, task: Task, group_index: int) -> Episode:
         env = self.benchmark.make_env()
         env.reset(task)
-        ids = self.renderer.opening(task)
+        demo = self.examples.demonstration(task) if self.config.caller_demo else None
+        ids = self.renderer.opening(task, demo)
         ep = Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, ids, len(ids))
         ep.history.append(("User", task.user_turns[0]))
         return ep
@@ -279,14 +280,14 @@ class RolloutEngine:
     def _pair(self, ep: Episode, index: int, call: ToolCall, real: ToolResult, rehearsal: Rehearsal,
               fed: str) -> dict[str, Any]:
         rehearsed = None if rehearsal.parsed.error else rehearsal.result.content
+        rehearsed_error = None if rehearsal.parsed.error else rehearsal.result.is_error
         return {
             "episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "call_index": index,
             "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "fed_back": fed,
             "real_response": real.content, "rehearsed_response": rehearsed,
-            "real_is_error": real.is_error, "rehearsed_is_error": rehearsal.result.is_error,
+            "real_is_error": real.is_error, "rehearsed_is_error": rehearsed_error,
             "rehearsal_error": rehearsal.parsed.error,
-            **fidelity.score_pair(real.content, rehearsed, real.is_error, rehearsal.result.is_error,
-                                  rehearsal.examples),
+            **fidelity.score_pair(real.content, rehearsed, real.is_error, rehearsed_error, rehearsal.examples),
             "embed_cos": None, "decision_changed": None,
         }
 
