@@ -83,6 +83,7 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     backend = HFBackend.load(model)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     for mode in ("real", "rehearse+shadow"):
+        backend.cache.clear()  # the second mode must not inherit the first one's prefill
         cfg = RolloutConfig(model=model, mode=mode, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
                             max_steps_per_turn=2, caller_demo=True, embedding=True)
         say(f"{mode}: {limit} episodes …")
@@ -92,6 +93,24 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
         result[mode] = {"tokens": summary.generated_tokens, "s": round(seconds, 1),
                         "tok_per_s": round(summary.generated_tokens / seconds, 2), "pairs": summary.pairs,
                         "pairs_per_s": round(summary.pairs / seconds, 3)}
+    # Rehearsal itself, whatever the caller does: every reference call of the episodes' first turns,
+    # rehearsed in one batch (the engine's per-step unit) and paired with its real response.
+    cfg = RolloutConfig(model=model, mode="real+shadow", max_new_tokens=max_new_tokens)
+    engine = RolloutEngine(backend, bench, cfg, backend.max_context, bank)
+    backend.cache.clear()
+    items = []
+    for task in tasks:
+        ep = engine._start(task, 0)
+        items += [(ep, i, ref.call) for i, ref in enumerate(task.reference[0])]
+    start = time.perf_counter()
+    rehearsals = engine._rehearse(items)
+    seconds = time.perf_counter() - start
+    episodes = {id(ep): ep for ep, _, _ in items}.values()
+    tokens = sum(len(row["completion_ids"]) for ep in episodes for row in ep.turns)  # rehearser rows only
+    result["rehearse_reference_calls"] = {
+        "calls": len(items), "s": round(seconds, 1), "tok_per_s": round(tokens / seconds, 2),
+        "pairs_per_s": round(len(items) / seconds, 3),
+        "malformed": sum(r.parsed.error is not None for r in rehearsals)}
     real = [ref.result.content for t in bench.load_tasks("multi_turn_base", "all") for turn in t.reference
             for ref in turn]
     rehearsed = [r.replace("1", "2") for r in real]  # near misses: same structure, some values changed

@@ -47,7 +47,10 @@ class ExampleBank:
         zero-shot, so an in-context demonstration is what makes its calls (and rehearsals) happen.
         """
         names = {t["function"]["name"] for t in task.tools}
-        for other in self.tasks:
+        classes = task.payload.get("entry", {}).get("involved_classes")
+        # Prefer a task over exactly the same tools, so the demonstration uses tools the caller has.
+        ranked = sorted(self.tasks, key=lambda o: o.payload.get("entry", {}).get("involved_classes") != classes)
+        for other in ranked:
             first = other.reference[0] if other.reference else []
             if other.scenario == task.scenario or not first or not {s.call.name for s in first} <= names:
                 continue

@@ -1,0 +1,1 @@
+"""Training: role-wise GRPO (`grpo.py`) on rows produced by the rollout engine."""

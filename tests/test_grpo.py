@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from envace.training.grpo import Row, completion_mask, grpo_step, policy_loss, role_advantages
+
+
+def test_role_advantages_on_a_hand_built_batch():
+    # task A: trajectory 1 (reward 1.0) has 2 caller rows and 3 rehearser rows; trajectory 2 (reward 0.0)
+    # has 1 caller row and 1 rehearser row. Task B: one trajectory, one caller row (reward 0.5).
+    rows = ([Row("A", "caller", [1], [2], 1.0)] * 2 + [Row("A", "rehearser", [1], [2], 1.0)] * 3
+            + [Row("A", "caller", [1], [2], 0.0), Row("A", "rehearser", [1], [2], 0.0)]
+            + [Row("B", "caller", [1], [2], 0.5)])
+    adv = role_advantages(rows)
+    caller_mean, rehearser_mean = 2 / 3, 3 / 4  # pooled over rows, not over trajectories
+    expected = ([1 - caller_mean] * 2 + [1 - rehearser_mean] * 3 + [0 - caller_mean, 0 - rehearser_mean] + [0.0])
+    assert adv == pytest.approx(expected)
+    scaled = role_advantages(rows, scale_by_std=True)
+    assert scaled[0] == pytest.approx((1 - caller_mean) / (torch.tensor([1.0, 1.0, 0.0]).std().item() + 1e-6))
+
+
+def test_empty_generations_are_penalised():
+    rows = [Row("A", "caller", [1], [], 1.0), Row("A", "caller", [1], [5], 1.0)]
+    assert role_advantages(rows) == pytest.approx([-0.05, 0.05])
+
+
+def test_the_loss_mask_covers_exactly_each_rows_completion():
+    mask = completion_mask([3, 2], [2, 4], width=6)
+    assert mask.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 1]]
+
+
+def test_loss_is_the_advantage_weighted_token_mean_logprob(tiny):
+    model, tok = tiny
+    rows = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "rehearser", [1, 4], [8, 3, 2], 0.0)]
+    loss, stats = policy_loss(model, rows, [0.5, -2.0], tok.pad_token_id)
+    expected = 0.0
+    for row, adv in zip(rows, [0.5, -2.0], strict=True):
+        ids = torch.tensor([row.prompt_ids + row.completion_ids])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+        target = ids[0, 1:]
+        own = [logp[t, target[t]] for t in range(len(row.prompt_ids) - 1, ids.shape[1] - 1)]
+        expected += -adv * torch.stack(own).mean().item()
+    assert loss.item() == pytest.approx(expected / 2, rel=1e-4)
+    assert stats["tokens"] == 5
+
+
+def test_a_trivial_reward_rises_on_the_tiny_model():
+    """Reward = share of generated tokens from a fixed quarter of the vocabulary: GRPO must push it up."""
+    from envace.policy.backend import SamplingParams
+    from envace.policy.hf import HFBackend
+    from envace.policy.tiny import build_tiny
+
+    model, tok = build_tiny(seed=3)
+    target = set(range(len(tok) // 4))
+    backend = HFBackend(model, tok, prefix_cache=False)
+    prompts = [tok.encode(f"<|im_start|>user\nsay {w}<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False) for w in ("a", "b")]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+
+    def sample(step):
+        model.eval()
+        gens = backend.generate([p for p in prompts for _ in range(8)],
+                                SamplingParams(max_new_tokens=8, temperature=1.0, seed=step))
+        return [Row(f"t{i // 8}", "caller", prompts[i // 8], g.ids,
+                    sum(t in target for t in g.ids) / max(len(g.ids), 1)) for i, g in enumerate(gens)]
+
+    first = sum(r.reward for r in sample(0)) / 16
+    for step in range(15):
+        rows = sample(step + 1)
+        model.train()
+        stats = grpo_step(model, optimizer, rows, tok.pad_token_id)
+        assert not stats["skipped"]
+    last = sum(r.reward for r in sample(100)) / 16
+    assert last > first + 0.15, (first, last)
+
+
+def test_non_finite_loss_skips_the_step(tiny):
+    model, tok = tiny
+
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, **kw):
+            out = self.inner(**kw)
+            out.logits = out.logits * float("nan")
+            return out
+
+    broken = Broken()
+    before = [p.detach().clone() for p in model.parameters()]
+    stats = grpo_step(broken, torch.optim.AdamW(model.parameters()), [Row("A", "caller", [1, 2], [3], 1.0)] * 2,
+                      tok.pad_token_id)
+    assert stats["skipped"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
