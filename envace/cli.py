@@ -125,6 +125,30 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- train -----------------------------------------------------------------------------------------
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from envace.config import TrainConfig
+    from envace.store import Run
+    from envace.training.train import train
+
+    raw = load_toml(args.config)
+    if "train" not in raw:
+        raise UsageError(f"{args.config} has no [train] table")
+    cfg = from_dict(TrainConfig, raw["train"], where=f"{args.config} [train]")
+    console = _console()
+    run = Run.create(runs_root(args.root), "train", asdict(cfg), cfg.model, args.run_name)
+    console.print(f"[bold]train[/] {args.config} → {run.path}")
+    try:
+        summary = train(cfg, run, console.print)
+    except BaseException:
+        run.update(status="interrupted")
+        raise
+    run.update(status="completed", summary=summary)
+    console.print(f"next: envace rollout --model {summary['checkpoint']} --limit 4")
+    return 0
+
+
 # -- runs / show -----------------------------------------------------------------------------------
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -271,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
     _add_rollout_flags(p)
     p.set_defaults(func=cmd_rollout)
+
+    p = with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
+    p.add_argument("config", help="TOML file with a [train] table")
+    p.add_argument("--run-name", default=None)
+    p.set_defaults(func=cmd_train)
 
     with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
 

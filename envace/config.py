@@ -143,3 +143,56 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{p}: malformed TOML ({exc})") from None
+
+
+@dataclass
+class TrainConfig:
+    """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world."""
+
+    model: str = doc("`default`, `tiny`, or a local model path", "default")
+    env: str = doc("benchmark name", "bfcl")
+    category: str = doc("benchmark category (train split only)", "multi_turn_base")
+    seed: int = doc("seed for sampling and task order", 0)
+    lora: bool = doc("train LoRA adapters (peft) instead of every weight", False)
+    lora_rank: int = doc("LoRA rank", 16)
+    sft_tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
+    sft_epochs: int = doc("passes over the SFT rows", 2)
+    sft_lr: float = doc("SFT learning rate (AdamW)", 3e-5)
+    rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
+    grpo_steps: int = doc("role-wise GRPO updates", 4)
+    tasks_per_step: int = doc("train tasks per GRPO step", 2)
+    group_size: int = doc("rollouts per task (G)", 4)
+    lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
+    scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
+    max_new_tokens: int = doc("token budget of one caller message in rollouts", 64)
+    max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
+    temperature: float = doc("rollout sampling temperature (reference: 1.0)", 1.0)
+    caller_demo: bool = doc("show the caller one worked call of another train task", False)
+    rehearser: RehearserOptions = field(default_factory=RehearserOptions, metadata={"help": "the rehearser role"})
+
+    def validate(self) -> None:
+        from envace.envs import registry
+        from envace.policy.models import check_model_spec
+
+        bench = registry.get(self.env)
+        if self.category not in bench.categories:
+            raise UsageError(f"unknown {self.env} category '{self.category}'")
+        for name in ("sft_epochs", "rows_per_step", "tasks_per_step", "group_size", "max_new_tokens",
+                     "max_steps_per_turn", "lora_rank"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.sft_tasks < 0 or self.grpo_steps < 0:
+            raise UsageError("sft_tasks and grpo_steps must be >= 0")
+        if self.lr <= 0 or self.sft_lr <= 0 or self.temperature < 0:
+            raise UsageError("learning rates must be > 0 and temperature >= 0")
+        self.rehearser.validate()
+        check_model_spec(self.model)
+
+    def rollout(self) -> RolloutConfig:
+        """The rollout settings of a GRPO step: rehearse mode, no environment in the loop."""
+        return RolloutConfig(env=self.env, category=self.category, split="train", mode="rehearse",
+                             model=self.model, group_size=self.group_size, batch_size=self.tasks_per_step *
+                             self.group_size, max_steps_per_turn=self.max_steps_per_turn,
+                             max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
+                             on_parse_error="end_episode", rehearser=self.rehearser, caller_demo=self.caller_demo,
+                             embedding=False)

@@ -70,6 +70,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("source", pa.string()),          # real | rehearsed: who wrote the response the caller saw
         ("response", pa.string()), ("is_error", pa.bool_()), ("error_kind", pa.string()),
     ]),
+    # One row per (step, phase, role, metric) of a training run: long format, easy to plot and filter.
+    "metrics": pa.schema([
+        ("run_id", pa.string()), ("step", pa.int32()),
+        ("phase", pa.string()),           # sft | grpo
+        ("role", pa.string()),            # caller | rehearser | all
+        ("name", pa.string()), ("value", pa.float64()),
+    ]),
     # One row per call answered both ways (shadow modes): the unit of world-model fidelity.
     "pairs": pa.schema(_KEY + _STEP + [
         ("call_index", pa.int32()), ("name", pa.string()), ("arguments", pa.string()),

@@ -20,7 +20,7 @@ def test_rehearse_mode_never_touches_the_environment(bfcl, reference_policy):
     episodes = engine.run_batch([(t, 0) for t in tasks])
     assert all(ep.env.executions == 0 for ep in episodes)
     assert all(c["source"] == "rehearsed" for ep in episodes for c in ep.calls)
-    rows = [engine._episode_row(ep) for ep in episodes]
+    rows = [engine.episode_row(ep) for ep in episodes]
     # a rehearser that reproduces the real results lets the caller finish every turn: full checklist
     assert all(r["checklist"] == 1.0 and r["env_executions"] == 0 for r in rows)
 

@@ -217,7 +217,7 @@ class RolloutEngine:
         ep.history.append(("User", text))
         ep.ids.extend(self.renderer.user_turn(text, ep.task.tools_added.get(ep.turn)))
 
-    def _episode_row(self, ep: Episode) -> dict[str, Any]:
+    def episode_row(self, ep: Episode) -> dict[str, Any]:
         score = ep.env.score(ep.task, ep.steps)
         checklist, detail = rewards.checklist(ep.task, ep.issued)  # one entry per turn reached
         return {
@@ -383,7 +383,7 @@ class RolloutEngine:
         started = time.perf_counter()
         for index, batch in enumerate(self.batches(tasks)):
             episodes = self.run_batch(batch)
-            rows = [self._episode_row(ep) for ep in episodes]
+            rows = [self.episode_row(ep) for ep in episodes]
             if run is not None:
                 key = {"run_id": run.run_id, "batch": index}
                 shard = f"batch-{index:05d}"

@@ -50,16 +50,40 @@ def role_advantages(rows: list[Row], scale_by_std: bool = False, empty_penalty: 
     return advantages
 
 
-def completion_mask(prompt_lens: list[int], completion_lens: list[int], width: int) -> torch.Tensor:
-    """1 where a right-padded row's *predicted* token is one of its own completion tokens.
+def completion_mask(completion_lens: list[int]) -> torch.Tensor:
+    """1 where a predicted position holds one of the row's own completion tokens.
 
-    Position t predicts token t+1, so row i's completion occupies predictions
-    [prompt_len − 1, prompt_len − 1 + completion_len).
+    Rows are left-padded so every sequence ends at the same position; the last `max(completion_lens)`
+    predictions then cover every completion, and row i's are its last `completion_lens[i]`.
     """
-    mask = torch.zeros(len(prompt_lens), width - 1)
-    for i, (p, c) in enumerate(zip(prompt_lens, completion_lens, strict=True)):
-        mask[i, p - 1: p - 1 + c] = 1.0
+    width = max(completion_lens)
+    mask = torch.zeros(len(completion_lens), width)
+    for i, n in enumerate(completion_lens):
+        if n:
+            mask[i, width - n:] = 1.0
     return mask
+
+
+def completion_logprobs(model, rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-probs of the completion tokens, their logits, the mask), one row per `Row`, left-aligned at the end.
+
+    Only the completion positions go through the vocabulary projection (`logits_to_keep`): BFCL
+    prompts are thousands of tokens, completions tens, and the projection dominates otherwise.
+    """
+    seqs = [r.prompt_ids + r.completion_ids for r in rows]
+    width = max(len(s) for s in seqs)
+    keep = max(max(len(r.completion_ids) for r in rows), 1)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs])
+    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
+    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                   logits_to_keep=keep + 1).logits[:, :-1].float()
+    targets = ids[:, width - keep:]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    mask = completion_mask([len(r.completion_ids) for r in rows])
+    if mask.shape[1] < keep:  # every completion empty
+        mask = torch.zeros(len(rows), keep)
+    return logprobs, logits, mask
 
 
 def policy_loss(model, rows: list[Row], advantages: list[float], pad_id: int) -> tuple[torch.Tensor, dict]:
@@ -68,34 +92,44 @@ def policy_loss(model, rows: list[Row], advantages: list[float], pad_id: int) ->
     One optimiser step per batch keeps the policy on-policy, so the PPO ratio is 1 and clipping never
     acts: this is exactly REINFORCE with the role-wise baseline, with a token mean per sequence.
     """
-    seqs = [r.prompt_ids + r.completion_ids for r in rows]
-    width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs])
-    attention = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    mask = completion_mask([len(r.prompt_ids) for r in rows], [len(r.completion_ids) for r in rows], width)
+    logprobs, logits, mask = completion_logprobs(model, rows, pad_id)
     per_row = (logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    adv = torch.tensor(advantages, dtype=per_row.dtype)
-    loss = -(adv * per_row).mean()
+    loss = -(torch.tensor(advantages, dtype=per_row.dtype) * per_row).mean()
     with torch.no_grad():
         probs = torch.softmax(logits, dim=-1)
         entropy = (-(probs * torch.log(probs.clamp(min=1e-12))).sum(-1) * mask).sum() / mask.sum().clamp(min=1)
     return loss, {"loss": loss.item(), "entropy": entropy.item(), "tokens": int(mask.sum().item())}
 
 
+def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1) -> dict:
+    """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` rows at a time.
+
+    Micro-batches of one row avoid padding, which on CPU keeps attention on its fast causal path for
+    prompts of thousands of tokens; the summed gradients equal the full batch's.
+    """
+    loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
+    for i in range(0, len(rows), micro_batch):
+        chunk = slice(i, i + micro_batch)
+        loss, stats = policy_loss(model, rows[chunk], advantages[chunk], pad_id)
+        finite = finite and bool(torch.isfinite(loss))
+        if finite:
+            (loss * len(rows[chunk]) / len(rows)).backward()
+        loss_sum += stats["loss"] * len(rows[chunk])
+        entropy_sum += stats["entropy"] * stats["tokens"]
+        tokens += stats["tokens"]
+    return {"loss": loss_sum / len(rows), "entropy": entropy_sum / max(tokens, 1), "tokens": tokens,
+            "finite": finite}
+
+
 def grpo_step(model, optimizer, rows: list[Row], pad_id: int, max_grad_norm: float = 1.0,
-              scale_by_std: bool = False) -> dict:
+              scale_by_std: bool = False, micro_batch: int = 1) -> dict:
     """One on-policy update. A non-finite loss or gradient skips the step and says so."""
     advantages = role_advantages(rows, scale_by_std)
     optimizer.zero_grad(set_to_none=True)
-    loss, stats = policy_loss(model, rows, advantages, pad_id)
-    if not torch.isfinite(loss):
-        return {**stats, "skipped": True, "grad_norm": float("nan")}
-    loss.backward()
+    stats = backward(model, rows, advantages, pad_id, micro_batch)
     params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if not torch.isfinite(grad_norm):
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if stats.pop("finite") else None
+    if grad_norm is None or not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "skipped": True, "grad_norm": float("nan")}
     optimizer.step()

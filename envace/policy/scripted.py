@@ -1,0 +1,66 @@
+"""A scripted policy that replays each task's reference trajectory, as a real `Backend`.
+
+As caller it reads the prompt it is given (rendered by our own `ChatRenderer`), recovers the user
+turn and step, and emits that step's ground-truth call, or "Done." once the turn's calls are made.
+As rehearser it answers a call with the real result of the matching reference call. Running the
+rollout engine with it yields exactly the rows a perfect policy would produce, token for token in
+the engine's own prompts: SFT data for the warm-up, and an end-to-end check of engine, environment
+and checker.
+"""
+
+from __future__ import annotations
+
+import json
+
+from envace.formats import as_json_value, render_execution_result, render_tool_call
+from envace.policy.backend import Generation, SamplingParams
+from envace.types import Task
+
+_CALL_HEADER = "## Call to simulate\n"
+
+
+class ReferencePolicy:
+    def __init__(self, tokenizer, tasks: list[Task], caller_text: str | None = None,
+                 rehearsal_text: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.by_first_turn = {t.user_turns[0]: t for t in tasks}
+        self.caller_text = caller_text  # a fixed caller reply instead of the reference (for tests)
+        self.rehearsal_text = rehearsal_text  # a fixed rehearser reply instead of the real result
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.calls = 0
+        self.prompts: list[list[int]] = []
+
+    def _caller(self, text: str) -> str:
+        if self.caller_text is not None:
+            return self.caller_text
+        blocks = [b[len("user\n"):].split("<|im_end|>")[0]
+                  for b in text.split("<|im_start|>") if b.startswith("user\n")]
+        users = [i for i, b in enumerate(blocks) if not b.startswith("<tool_response>")]
+        # the task's own first turn is the last one seen (a caller demonstration may come before it)
+        start = max(i for i in users if blocks[i] in self.by_first_turn)
+        task = self.by_first_turn[blocks[start]]
+        turn, step = sum(i > start for i in users), len(blocks) - 1 - users[-1]
+        reference = task.reference[turn]
+        return render_tool_call(reference[step].call) if step < len(reference) else "Done."
+
+    def _rehearser(self, text: str) -> str:
+        if self.rehearsal_text is not None:
+            return self.rehearsal_text
+        call = json.loads(text.rsplit(_CALL_HEADER, 1)[1].split("<|im_end|>")[0])
+        task = next(t for first, t in self.by_first_turn.items() if f"User: {first}" in text)
+        for turn in task.reference:
+            for ref in turn:
+                if ref.call.name == call["name"] and ref.call.arguments == call["arguments"]:
+                    return render_execution_result(as_json_value(ref.result.content))
+        return render_execution_result({"error": "no such call in the reference"})
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        self.calls += 1
+        self.prompts.extend(prompts)
+        out = []
+        for prompt in prompts:
+            text = self.tokenizer.decode(prompt, skip_special_tokens=False)
+            reply = self._rehearser(text) if _CALL_HEADER in text else self._caller(text)
+            ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end]
+            out.append(Generation(ids=ids, text=reply, finish="stop"))
+        return out

@@ -1,0 +1,46 @@
+"""Turning finished episodes into training rows, and the rows a perfect policy would produce."""
+
+from __future__ import annotations
+
+from envace.config import RehearserOptions, RolloutConfig
+from envace.envs.registry import Benchmark
+from envace.policy.scripted import ReferencePolicy
+from envace.rehearsal.rollout import Episode, RolloutEngine
+from envace.training.grpo import Row
+from envace.types import Role, Task
+
+
+def episode_rows(episode: Episode, reward: float,
+                 roles: tuple[str, ...] = (Role.CALLER, Role.REHEARSER)) -> list[Row]:
+    """One row per generation of the episode, each with the episode's reward.
+
+    A caller row's prompt is the caller context up to that message (token ids exactly as generated);
+    a rehearser row's prompt is its own rehearser prompt.
+    """
+    rows = []
+    for turn in episode.turns:
+        if turn["role"] not in roles:
+            continue
+        prompt = turn.get("prompt_ids") or episode.ids[: turn["prompt_len"]]
+        rows.append(Row(episode.task.uid, turn["role"], list(prompt), list(turn["completion_ids"]), reward))
+    return rows
+
+
+def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser: RehearserOptions,
+                   caller_demo: bool = False, examples=None) -> list[Row]:
+    """Every caller message and every rehearsal along the tasks' reference trajectories (SFT data).
+
+    The scripted reference policy plays `real+shadow` episodes through the real engine, so the rows
+    use the very prompts the policy will see in RL, and the rehearser targets are real results.
+    """
+    if any(t.split != "train" for t in tasks):
+        raise ValueError("SFT data must come from train-split tasks only")
+    policy = ReferencePolicy(tokenizer, tasks)
+    cfg = RolloutConfig(mode="real+shadow", batch_size=8, embedding=False, rehearser=rehearser,
+                        caller_demo=caller_demo)
+    engine = RolloutEngine(policy, benchmark, cfg, examples=examples)
+    rows: list[Row] = []
+    for batch in engine.batches(tasks):
+        for episode in engine.run_batch(batch):
+            rows.extend(episode_rows(episode, 1.0))
+    return rows

@@ -1,0 +1,114 @@
+"""`envace train`: SFT warm-up, then role-wise GRPO with no environment in the loop.
+
+Each GRPO step plays `tasks_per_step` train tasks G times in `rehearse` mode (the policy is caller and
+environment), scores every episode with the checklist reward, turns every generation into a row,
+and takes one update (`grpo.grpo_step`). Per-step, per-role metrics and every step's episodes go to
+the run store; the final weights are saved under the run folder.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from envace.config import TrainConfig
+from envace.envs import registry
+from envace.policy.hf import HFBackend
+from envace.policy.models import load_policy
+from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.rollout import RolloutEngine
+from envace.store import Run
+from envace.training.grpo import backward, grpo_step, role_advantages
+from envace.training.rows import episode_rows, reference_rows
+from envace.types import Role
+
+
+def _metric_rows(run: Run, step: int, phase: str, values: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    return [{"run_id": run.run_id, "step": step, "phase": phase, "role": role, "name": name, "value": float(v)}
+            for role, named in values.items() for name, v in named.items()]
+
+
+def _with_lora(model, rank: int):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+
+
+def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print) -> dict[str, Any]:
+    torch.manual_seed(cfg.seed)
+    bench = registry.get(cfg.env)
+    model, tok = load_policy(cfg.model)
+    if cfg.lora:
+        model = _with_lora(model, cfg.lora_rank)
+    pad = tok.pad_token_id
+    train_tasks = bench.load_tasks(cfg.category, "train")
+    bank = ExampleBank(train_tasks)
+    summary: dict[str, Any] = {}
+
+    if cfg.sft_tasks and cfg.sft_epochs:
+        rows = reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo, bank)
+        say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s)")
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+        order, step = list(range(len(rows))), 0
+        for epoch in range(cfg.sft_epochs):
+            random.Random(cfg.seed + epoch).shuffle(order)
+            losses = []
+            model.train()
+            for i in range(0, len(order), cfg.rows_per_step):
+                chunk = [rows[j] for j in order[i: i + cfg.rows_per_step]]
+                optimizer.zero_grad(set_to_none=True)
+                stats = backward(model, chunk, [1.0] * len(chunk), pad)  # every advantage 1: the NLL
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                losses.append(stats["loss"])
+                run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
+                    "nll": stats["loss"], "tokens": stats["tokens"], "epoch": epoch}}))
+                step += 1
+            say(f"  epoch {epoch + 1}: mean completion NLL {sum(losses) / len(losses):.3f}")
+            summary[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
+
+    backend = HFBackend(model, tok)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    rollout = cfg.rollout()
+    rng = random.Random(cfg.seed)
+    for step in range(cfg.grpo_steps):
+        tasks = rng.sample(train_tasks, cfg.tasks_per_step)
+        model.eval()
+        backend.cache.clear()  # cached keys and values belong to the weights before the last update
+        engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
+        episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
+        scored = [(ep, engine.episode_row(ep)) for ep in episodes]
+        rows = [r for ep, row in scored for r in episode_rows(ep, row["checklist"])]
+        model.train()
+        stats = grpo_step(model, optimizer, rows, pad, scale_by_std=cfg.scale_by_std)
+        advantages = role_advantages(rows, cfg.scale_by_std)
+        per_role: dict[str, dict[str, float]] = {"all": {k: v for k, v in stats.items() if isinstance(v, int | float)}}
+        for role in (Role.CALLER, Role.REHEARSER):
+            picked = [i for i, r in enumerate(rows) if r.role == role]
+            if picked:
+                rewards = torch.tensor([rows[i].reward for i in picked])
+                adv = torch.tensor([advantages[i] for i in picked])
+                per_role[role.value] = {"rows": len(picked), "reward_mean": rewards.mean().item(),
+                                        "adv_mean": adv.mean().item(), "adv_abs_mean": adv.abs().mean().item(),
+                                        "tokens": sum(len(rows[i].completion_ids) for i in picked)}
+        per_role["all"].update(checklist_mean=sum(r["checklist"] for _, r in scored) / len(scored),
+                               rehearsal_errors=sum(r["n_rehearsal_errors"] for _, r in scored),
+                               parse_errors=sum(r["n_parse_errors"] for _, r in scored))
+        shard = f"step-{step:05d}"
+        run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
+        key = {"run_id": run.run_id, "batch": step}
+        run.write("episodes", shard, [{**key, **row} for _, row in scored])
+        run.write("turns", shard, [{**key, **t} for ep in episodes for t in ep.turns])
+        say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
+            f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
+            + (" (skipped: non-finite)" if stats["skipped"] else ""))
+    out = run.path / "checkpoint"
+    (model.merge_and_unload() if cfg.lora else model).save_pretrained(out)
+    tok.save_pretrained(out)
+    summary["checkpoint"] = str(out)
+    say(f"saved {out}")
+    return summary

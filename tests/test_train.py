@@ -1,0 +1,43 @@
+from envace.cli import main
+from envace.config import RehearserOptions
+from envace.store import connect
+from envace.training.rows import reference_rows
+
+
+def test_reference_rows_cover_both_roles_from_train_tasks_only(bfcl, tiny):
+    import pytest
+
+    train = bfcl.load_tasks("multi_turn_base", "train", limit=2)
+    rows = reference_rows(train, bfcl, tiny[1], RehearserOptions())
+    calls = sum(len(turn) for t in train for turn in t.reference)
+    assert sum(r.role == "rehearser" for r in rows) == calls
+    # every reference call plus one closing "Done." per user turn
+    assert sum(r.role == "caller" for r in rows) == calls + sum(len(t.user_turns) for t in train)
+    assert all(r.reward == 1.0 and r.completion_ids for r in rows)
+    with pytest.raises(ValueError):
+        reference_rows(bfcl.load_tasks("multi_turn_base", "test", limit=1), bfcl, tiny[1], RehearserOptions())
+
+
+def test_train_smoke_config_end_to_end(tmp_path, capsys):
+    root = str(tmp_path)
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "t"]) == 0
+    con = connect(root)
+    nll = [v for (v,) in con.execute("SELECT value FROM metrics WHERE phase = 'sft' AND name = 'nll' "
+                                     "ORDER BY step").fetchall()]
+    assert len(nll) >= 2 and sum(nll[-2:]) < sum(nll[:2])  # the warm-up learns
+    roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE phase = 'grpo'").fetchall()}
+    assert {"all", "caller"} <= roles
+    assert con.execute("SELECT count(DISTINCT batch) FROM episodes WHERE run_id = 't'").fetchall()[0][0] == 2
+    assert con.execute("SELECT max(env_executions) FROM episodes").fetchall()[0][0] == 0  # no environment in RL
+    capsys.readouterr()
+    checkpoint = tmp_path / "t" / "checkpoint"
+    assert main(["rollout", "--model", str(checkpoint), "--limit", "1", "--max-new-tokens", "4",
+                 "--max-steps-per-turn", "1", "--root", root, "--run-name", "after"]) == 0
+
+
+def test_bad_train_configs(tmp_path):
+    bad = tmp_path / "bad.toml"
+    for text in ("[rollout]\n", "[train]\ngroup_size = 0\n", "[train]\nlr = 'fast'\n", "[train]\nsteps = 3\n"):
+        bad.write_text(text)
+        assert main(["train", str(bad), "--root", str(tmp_path)]) == 2
+    assert not list(tmp_path.glob("train-*"))  # rejected before any run folder or model
