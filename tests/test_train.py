@@ -41,3 +41,18 @@ def test_bad_train_configs(tmp_path):
         bad.write_text(text)
         assert main(["train", str(bad), "--root", str(tmp_path)]) == 2
     assert not list(tmp_path.glob("train-*"))  # rejected before any run folder or model
+
+
+def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
+    from envace.config import TrainConfig
+    from envace.store import Run
+    from envace.training.train import train
+
+    cfg = TrainConfig(model="tiny", lora=True, lora_rank=4, sft_tasks=1, sft_epochs=1, sft_lr=1e-2,
+                      rows_per_step=8, grpo_steps=1, tasks_per_step=1, group_size=2, max_new_tokens=8,
+                      max_steps_per_turn=1)
+    run = Run.create(tmp_path, "train", {}, "tiny", name="lora")
+    summary = train(cfg, run, say=lambda _: None)
+    saved = tmp_path / "lora" / "checkpoint"
+    assert summary["checkpoint"] == str(saved) and (saved / "config.json").exists()
+    assert not list(saved.glob("adapter_*"))  # merged into plain weights, loadable by --model
