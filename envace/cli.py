@@ -112,12 +112,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                           f"{row['n_calls']} calls)")
 
         engine.on_step = on_step
-
-        try:
+        with run.running():
             summary = engine.run(tasks, run, on_episode).as_dict()
-        except BaseException:
-            run.update(status="interrupted")
-            raise
     run.update(status="completed", summary=summary)
     console.print(summary_table(f"{run.run_id}", summary))
     console.print(f"stored in {run.path}")
@@ -139,11 +135,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     console = _console()
     run = Run.create(runs_root(args.root), "train", asdict(cfg), cfg.model, args.run_name)
     console.print(f"[bold]train[/] {args.config} → {run.path}")
-    try:
+    with run.running():
         summary = train(cfg, run, console.print)
-    except BaseException:
-        run.update(status="interrupted")
-        raise
     run.update(status="completed", summary=summary)
     console.print(f"next: envace rollout --model {summary['checkpoint']} --limit 4")
     return 0

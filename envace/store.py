@@ -15,6 +15,8 @@ import re
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +156,15 @@ class Run:
         meta = self.meta()
         meta.update(fields, updated_at=time.time())
         _write_json(self.path / "run.json", meta)
+
+    @contextmanager
+    def running(self) -> Iterator[Run]:
+        """Marks the run `interrupted` if the block raises (a kill -9 is caught by `list_runs` instead)."""
+        try:
+            yield self
+        except BaseException:
+            self.update(status="interrupted")
+            raise
 
     def write(self, table: str, shard: str, rows: list[dict[str, Any]]) -> Path:
         """Write one shard atomically; the same (table, shard) again replaces it."""

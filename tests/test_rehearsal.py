@@ -28,12 +28,23 @@ def test_rehearse_mode_never_touches_the_environment(bfcl, reference_policy):
 def test_rehearsals_are_batched_across_episodes(bfcl, reference_policy):
     tasks = bfcl.load_tasks("multi_turn_base", "test", limit=4)
     policy = reference_policy(tasks)
+    kinds = []
+    generate = policy.generate
+
+    def recording(prompts, params):
+        texts = [policy.tokenizer.decode(p) for p in prompts]
+        kinds.append({"rehearser" if "## Call to simulate" in t else "caller" for t in texts})
+        return generate(prompts, params)
+
+    policy.generate = recording
     episodes = _engine(policy, bfcl, mode="rehearse").run_batch([(t, 0) for t in tasks])
-    caller_steps = max(sum(r["role"] == "caller" for r in ep.turns) for ep in episodes)
-    steps_with_calls = max(len([s for turn in ep.steps for s in turn]) for ep in episodes)
-    # one caller call per step, one rehearser call per step that had pending calls (any episode)
-    assert caller_steps <= policy.calls <= caller_steps + steps_with_calls + len(tasks)
+    assert all(len(k) == 1 for k in kinds)  # a backend call serves one role
+    roles = [k.pop() for k in kinds]
+    # each step: one caller call, then at most one rehearser call for every pending call of every episode
+    assert roles[0] == "caller" and all(not (a == b == "rehearser") for a, b in zip(roles, roles[1:], strict=False))
+    assert roles.count("caller") == max(sum(r["role"] == "caller" for r in ep.turns) for ep in episodes)
     assert sum(r["role"] == "rehearser" for ep in episodes for r in ep.turns) == sum(len(ep.calls) for ep in episodes)
+    assert roles.count("rehearser") < sum(len(ep.calls) for ep in episodes)  # calls of several episodes share one
 
 
 def test_shadow_pairs_line_up_with_the_real_replay(bfcl, reference_policy):
