@@ -45,7 +45,9 @@ def run() -> int:
     print("envace runs                       # every stored run")
     print(f"envace fidelity {name}   # this table again")
     print("envace check-env bfcl             # 800/800 ground-truth trajectories through the official checker")
-    print("training, private rehearsal and the app are not built yet")
+    print("envace train experiments/smoke.toml   # SFT + role-wise GRPO on the tiny model, ~20 s; on the default")
+    print("                                      # model a training row costs about a minute here (docs/benchmarks.md)")
+    print("private rehearsal and the app are not built yet")
     return 0
 
 
