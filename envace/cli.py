@@ -7,6 +7,7 @@ an interrupted job keeps every batch it already stored.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import asdict, fields
@@ -125,7 +126,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from envace.config import TrainConfig
-    from envace.store import Run
+    from envace.store import Run, get_run
     from envace.training.train import train
 
     raw = load_toml(args.config)
@@ -133,10 +134,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.config} has no [train] table")
     cfg = from_dict(TrainConfig, raw["train"], where=f"{args.config} [train]")
     console = _console()
-    run = Run.create(runs_root(args.root), "train", asdict(cfg), cfg.model, args.run_name)
+    root = runs_root(args.root)
+    if args.resume:
+        meta = get_run(root, args.resume)
+        stored = {k: v for k, v in meta.get("config", {}).items() if k != "grpo_steps"}
+        if meta.get("kind") != "train" or stored != {k: v for k, v in asdict(cfg).items() if k != "grpo_steps"}:
+            raise UsageError(f"run '{args.resume}' was not trained with this config (only grpo_steps may grow)")
+        run = Run(root, args.resume)
+        run.update(status="running", pid=os.getpid(), config=asdict(cfg))
+    else:
+        run = Run.create(root, "train", asdict(cfg), cfg.model, args.run_name)
     console.print(f"[bold]train[/] {args.config} → {run.path}")
     with run.running():
-        summary = train(cfg, run, console.print)
+        summary = train(cfg, run, console.print, resume=bool(args.resume))
     run.update(status="completed", summary=summary)
     console.print(f"next: envace rollout --model {summary['checkpoint']} --limit 4")
     return 0
@@ -292,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
     p.add_argument("config", help="TOML file with a [train] table")
     p.add_argument("--run-name", default=None)
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
     p.set_defaults(func=cmd_train)
 
     with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)

@@ -164,6 +164,7 @@ class TrainConfig:
     group_size: int = doc("rollouts per task (G)", 4)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
+    save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
     max_new_tokens: int = doc("token budget of one caller message in rollouts", 64)
     max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
     temperature: float = doc("rollout sampling temperature (reference: 1.0)", 1.0)
@@ -178,7 +179,7 @@ class TrainConfig:
         if self.category not in bench.categories:
             raise UsageError(f"unknown {self.env} category '{self.category}'")
         for name in ("sft_epochs", "rows_per_step", "tasks_per_step", "group_size", "max_new_tokens",
-                     "max_steps_per_turn", "lora_rank"):
+                     "max_steps_per_turn", "lora_rank", "save_every"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.sft_tasks < 0 or self.grpo_steps < 0:

@@ -76,7 +76,7 @@ def test_a_trivial_reward_rises_on_the_tiny_model():
     for step in range(15):
         rows = sample(step + 1)
         model.train()
-        stats = grpo_step(model, optimizer, rows, tok.pad_token_id)
+        stats = grpo_step(model, optimizer, rows, role_advantages(rows), tok.pad_token_id)
         assert not stats["skipped"]
     last = sum(r.reward for r in sample(100)) / 16
     assert last > first + 0.15, (first, last)
@@ -97,7 +97,7 @@ def test_non_finite_loss_skips_the_step(tiny):
 
     broken = Broken()
     before = [p.detach().clone() for p in model.parameters()]
-    stats = grpo_step(broken, torch.optim.AdamW(model.parameters()), [Row("A", "caller", [1, 2], [3], 1.0)] * 2,
-                      tok.pad_token_id)
+    rows = [Row("A", "caller", [1, 2], [3], 1.0), Row("A", "caller", [1, 2], [4], 0.0)]
+    stats = grpo_step(broken, torch.optim.AdamW(model.parameters()), rows, role_advantages(rows), tok.pad_token_id)
     assert stats["skipped"]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

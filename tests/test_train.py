@@ -1,3 +1,5 @@
+import pytest
+
 from envace.cli import main
 from envace.config import RehearserOptions
 from envace.store import connect
@@ -56,3 +58,36 @@ def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     saved = tmp_path / "lora" / "checkpoint"
     assert summary["checkpoint"] == str(saved) and (saved / "config.json").exists()
     assert not list(saved.glob("adapter_*"))  # merged into plain weights, loadable by --model
+
+
+def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
+    import re
+
+    smoke = open("experiments/smoke.toml").read()
+    full, short = tmp_path / "full.toml", tmp_path / "short.toml"
+    full.write_text(re.sub(r"grpo_steps = \d+", "grpo_steps = 3", smoke))
+    short.write_text(re.sub(r"grpo_steps = \d+", "grpo_steps = 2", smoke))
+    root = str(tmp_path / "runs")
+    assert main(["train", str(full), "--root", root, "--run-name", "whole"]) == 0
+    assert main(["train", str(short), "--root", root, "--run-name", "cut"]) == 0  # stops after step 2
+    assert main(["train", str(full), "--root", root, "--resume", "cut"]) == 0
+    con = connect(root)
+
+    def step_three(run):
+        metrics = con.execute("SELECT role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' "
+                              "AND step = 2 ORDER BY role, name", [run]).fetchall()
+        turns = con.execute("SELECT episode_id, role, turn, step, completion_ids FROM turns WHERE run_id = ? "
+                            "AND batch = 2 ORDER BY episode_id, role, turn, step, call_index", [run]).fetchall()
+        return metrics, turns
+
+    (m_whole, t_whole), (m_cut, t_cut) = step_three("whole"), step_three("cut")
+    assert t_whole and t_whole == t_cut
+    assert [(r, n) for r, n, _ in m_whole] == [(r, n) for r, n, _ in m_cut]
+    for (_, name, a), (_, _, b) in zip(m_whole, m_cut, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-7), name
+    assert con.execute("SELECT count(*) FROM metrics WHERE run_id = 'cut' AND phase = 'grpo' AND step = 0 "
+                       "AND name = 'loss'").fetchall()[0][0] == 1  # steps are not duplicated
+    assert main(["train", str(full), "--root", root, "--resume", "whole", "--run-name", "x"]) == 0
+    bad = tmp_path / "other.toml"
+    bad.write_text(smoke.replace("group_size = 2", "group_size = 3"))
+    assert main(["train", str(bad), "--root", root, "--resume", "cut"]) == 2

@@ -121,10 +121,9 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro
             "finite": finite}
 
 
-def grpo_step(model, optimizer, rows: list[Row], pad_id: int, max_grad_norm: float = 1.0,
-              scale_by_std: bool = False, micro_batch: int = 1) -> dict:
-    """One on-policy update. A non-finite loss or gradient skips the step and says so."""
-    advantages = role_advantages(rows, scale_by_std)
+def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,
+              max_grad_norm: float = 1.0, micro_batch: int = 1) -> dict:
+    """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step."""
     optimizer.zero_grad(set_to_none=True)
     stats = backward(model, rows, advantages, pad_id, micro_batch)
     params = [p for p in model.parameters() if p.requires_grad]

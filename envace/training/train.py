@@ -4,12 +4,19 @@ Each GRPO step plays `tasks_per_step` train tasks G times in `rehearse` mode (th
 environment), scores every episode with the checklist reward, turns every generation into a row,
 and takes one update (`grpo.grpo_step`). Per-step, per-role metrics and every step's episodes go to
 the run store; the final weights are saved under the run folder.
+
+Resume is exact because nothing random carries over between steps: step k's tasks and sampling
+seeds derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written
+after SFT and every `save_every` steps, atomically) is all a killed run needs. Shards are keyed by
+step, so a step redone after a kill rewrites its rows instead of duplicating them.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -38,7 +45,14 @@ def _with_lora(model, rank: int):
                                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
-def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print) -> dict[str, Any]:
+def _save_state(run: Run, model, optimizer, next_step: int) -> None:
+    trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    tmp = run.path / f".state.{os.getpid()}.partial"
+    torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer.state_dict()}, tmp)
+    os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
+
+
+def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     bench = registry.get(cfg.env)
     model, tok = load_policy(cfg.model)
@@ -47,12 +61,20 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print) -> dic
     pad = tok.pad_token_id
     train_tasks = bench.load_tasks(cfg.category, "train")
     bank = ExampleBank(train_tasks)
-    summary: dict[str, Any] = {}
-
-    if cfg.sft_tasks and cfg.sft_epochs:
+    summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    state_path = run.path / "state.pt"
+    start = 0
+    if resume and state_path.exists():
+        state = torch.load(state_path, weights_only=True)
+        model.load_state_dict(state["model"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["next_step"]
+        say(f"resuming at GRPO step {start + 1} (SFT already done)")
+    elif cfg.sft_tasks and cfg.sft_epochs:
         rows = reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo, bank)
         say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s)")
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+        sft_optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
         order, step = list(range(len(rows))), 0
         for epoch in range(cfg.sft_epochs):
             random.Random(cfg.seed + epoch).shuffle(order)
@@ -60,32 +82,33 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print) -> dic
             model.train()
             for i in range(0, len(order), cfg.rows_per_step):
                 chunk = [rows[j] for j in order[i: i + cfg.rows_per_step]]
-                optimizer.zero_grad(set_to_none=True)
+                sft_optimizer.zero_grad(set_to_none=True)
                 stats = backward(model, chunk, [1.0] * len(chunk), pad)  # every advantage 1: the NLL
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
+                sft_optimizer.step()
                 losses.append(stats["loss"])
                 run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
                     "nll": stats["loss"], "tokens": stats["tokens"], "epoch": epoch}}))
                 step += 1
             say(f"  epoch {epoch + 1}: mean completion NLL {sum(losses) / len(losses):.3f}")
             summary[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
+        run.update(summary=summary)
+    if not state_path.exists():
+        _save_state(run, model, optimizer, 0)
 
     backend = HFBackend(model, tok)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-    rollout = cfg.rollout()
-    rng = random.Random(cfg.seed)
-    for step in range(cfg.grpo_steps):
-        tasks = rng.sample(train_tasks, cfg.tasks_per_step)
+    for step in range(start, cfg.grpo_steps):
+        tasks = random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step)
         model.eval()
         backend.cache.clear()  # cached keys and values belong to the weights before the last update
+        rollout = replace(cfg.rollout(), seed=cfg.seed * 7919 + step)
         engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
         scored = [(ep, engine.episode_row(ep)) for ep in episodes]
         rows = [r for ep, row in scored for r in episode_rows(ep, row["checklist"])]
         model.train()
-        stats = grpo_step(model, optimizer, rows, pad, scale_by_std=cfg.scale_by_std)
         advantages = role_advantages(rows, cfg.scale_by_std)
+        stats = grpo_step(model, optimizer, rows, advantages, pad)
         per_role: dict[str, dict[str, float]] = {"all": {k: v for k, v in stats.items() if isinstance(v, int | float)}}
         for role in (Role.CALLER, Role.REHEARSER):
             picked = [i for i, r in enumerate(rows) if r.role == role]
@@ -106,6 +129,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print) -> dic
         say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
             f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
             + (" (skipped: non-finite)" if stats["skipped"] else ""))
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
+            _save_state(run, model, optimizer, step + 1)
     out = run.path / "checkpoint"
     (model.merge_and_unload() if cfg.lora else model).save_pretrained(out)
     tok.save_pretrained(out)
