@@ -83,7 +83,7 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     backend = HFBackend.load(model)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     for mode in ("real", "rehearse+shadow"):
-        backend.cache.clear()  # the second mode must not inherit the first one's prefill
+        backend.clear_caches()  # the second mode must not inherit the first one's prefill
         cfg = RolloutConfig(model=model, mode=mode, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
                             max_steps_per_turn=2, caller_demo=True, embedding=True)
         say(f"{mode}: {limit} episodes …")
@@ -97,7 +97,7 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     # rehearsed in one batch (the engine's per-step unit) and paired with its real response.
     cfg = RolloutConfig(model=model, mode="real+shadow", max_new_tokens=max_new_tokens)
     engine = RolloutEngine(backend, bench, cfg, backend.max_context, bank)
-    backend.cache.clear()
+    backend.clear_caches()
     items = []
     for task in tasks:
         ep = engine._start(task, 0)

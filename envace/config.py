@@ -69,7 +69,8 @@ class RolloutConfig:
     max_batch_tokens: int = doc("padded tokens per backend micro-batch (memory bound)", 32768)
     rehearser: RehearserOptions = field(default_factory=RehearserOptions,
                                         metadata={"help": "the rehearser role (modes other than real)"})
-    caller_demo: bool = doc("show the caller one worked first turn of a train task with the same tools", False)
+    caller_demo: bool = doc("show the caller one worked call of a train task with the same tools", False)
+    frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
 
@@ -169,6 +170,8 @@ class TrainConfig:
     max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
     temperature: float = doc("rollout sampling temperature (reference: 1.0)", 1.0)
     caller_demo: bool = doc("show the caller one worked call of another train task", False)
+    variant: str = doc("envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, "
+                       "needs lora) | real_env (environment answers; only the caller is trained)", "envace")
     rehearser: RehearserOptions = field(default_factory=RehearserOptions, metadata={"help": "the rehearser role"})
 
     def validate(self) -> None:
@@ -184,14 +187,24 @@ class TrainConfig:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.sft_tasks < 0 or self.grpo_steps < 0:
             raise UsageError("sft_tasks and grpo_steps must be >= 0")
+        _choice("variant", self.variant, ["envace", "caller_only", "real_env"])
+        if self.variant == "caller_only" and not self.lora:
+            raise UsageError("variant caller_only needs lora = true: the frozen rehearser is the base model "
+                             "with the caller's adapters switched off")
         if self.lr <= 0 or self.sft_lr <= 0 or self.temperature < 0:
             raise UsageError("learning rates must be > 0 and temperature >= 0")
         self.rehearser.validate()
         check_model_spec(self.model)
 
+    @property
+    def trained_roles(self) -> tuple[str, ...]:
+        return ("caller", "rehearser") if self.variant == "envace" else ("caller",)
+
     def rollout(self) -> RolloutConfig:
-        """The rollout settings of a GRPO step: rehearse mode, no environment in the loop."""
-        return RolloutConfig(env=self.env, category=self.category, split="train", mode="rehearse",
+        """The rollout settings of a GRPO step: the rehearsed world, or the real one for `real_env`."""
+        mode = "real" if self.variant == "real_env" else "rehearse"
+        return RolloutConfig(env=self.env, category=self.category, split="train", mode=mode,
+                             frozen_rehearser=self.variant == "caller_only",
                              model=self.model, group_size=self.group_size, batch_size=self.tasks_per_step *
                              self.group_size, max_steps_per_turn=self.max_steps_per_turn,
                              max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,

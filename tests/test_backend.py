@@ -37,7 +37,7 @@ def test_logprobs_are_one_per_token_and_sampling_is_seeded(tiny):
     backend = HFBackend(model, tok)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=7, logprobs=True)
     a = backend.generate(_prompts(tok), params)
-    backend.cache.clear()
+    backend.clear_caches()
     b = backend.generate(_prompts(tok), params)
     assert [g.ids for g in a] == [g.ids for g in b]
     for g in a:

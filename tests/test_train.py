@@ -91,3 +91,65 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
     bad = tmp_path / "other.toml"
     bad.write_text(smoke.replace("group_size = 2", "group_size = 3"))
     assert main(["train", str(bad), "--root", root, "--resume", "cut"]) == 2
+
+
+def _variant(tmp_path, name, **overrides):
+    from envace.config import TrainConfig
+    from envace.store import Run
+    from envace.training.train import train
+
+    base = dict(model="tiny", sft_tasks=1, sft_epochs=1, sft_lr=1e-2, rows_per_step=8, grpo_steps=1,
+                tasks_per_step=1, group_size=2, max_new_tokens=8, max_steps_per_turn=1)
+    cfg = TrainConfig(**{**base, **overrides})
+    cfg.validate()
+    run = Run.create(tmp_path, "train", {}, "tiny", name=name)
+    return cfg, train(cfg, run, say=lambda _: None)
+
+
+def test_a_frozen_role_generates_with_the_base_weights_while_the_caller_learns():
+    import torch
+
+    from envace.config import TrainConfig
+    from envace.policy.backend import SamplingParams
+    from envace.policy.hf import HFBackend
+    from envace.policy.models import add_lora
+    from envace.policy.tiny import build_tiny
+    from envace.training.grpo import Row, backward
+
+    cfg = TrainConfig(model="tiny", variant="caller_only", lora=True)
+    assert cfg.rollout().frozen_rehearser and cfg.trained_roles == ("caller",)
+    model, tok = build_tiny(seed=5)
+    peft = add_lora(model, 4)
+    backend = HFBackend(peft, tok)
+    prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    (untrained,) = backend.generate([prompt], greedy)
+    target = tok.encode("<tool_call>", add_special_tokens=False)
+    optimizer = torch.optim.AdamW([p for p in peft.parameters() if p.requires_grad], lr=5e-2)
+    for _ in range(20):  # teach the caller's adapters a reply the base model does not give
+        optimizer.zero_grad()
+        backward(peft, [Row("t", "caller", prompt, target, 1.0)], [1.0], tok.pad_token_id)
+        optimizer.step()
+    backend.clear_caches()
+    (frozen,) = backend.generate([prompt], SamplingParams(max_new_tokens=8, temperature=0.0, frozen=True))
+    (caller,) = backend.generate([prompt], greedy)
+    assert frozen.ids == untrained.ids  # the rehearser's weights did not move
+    assert caller.ids != untrained.ids  # the caller's did
+
+
+def test_real_env_variant_touches_the_environment_and_trains_only_the_caller(tmp_path):
+    from envace.store import connect
+
+    _variant(tmp_path, "real", variant="real_env")
+    con = connect(tmp_path)
+    assert con.execute("SELECT DISTINCT mode FROM episodes").fetchall() == [("real",)]
+    roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE phase = 'grpo'").fetchall()}
+    assert "rehearser" not in roles
+
+
+def test_caller_only_needs_lora():
+    from envace.config import TrainConfig
+    from envace.errors import UsageError
+
+    with pytest.raises(UsageError, match="needs lora"):
+        TrainConfig(model="tiny", variant="caller_only").validate()

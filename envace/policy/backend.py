@@ -20,6 +20,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: bool = False
+    frozen: bool = False  # generate with the base weights (adapters disabled): a frozen role
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from envace.policy.backend import Generation, SamplingParams
 from envace.policy.prefix_cache import PrefixCache
 
@@ -21,7 +23,8 @@ class HFBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_tokens = max_batch_tokens
-        self.cache = PrefixCache() if prefix_cache else None
+        # One cache per weight set: keys computed with adapters must never serve the frozen base.
+        self.caches = {False: PrefixCache(), True: PrefixCache()} if prefix_cache else None
         self.stop_ids = sorted({tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")})
         self.max_context: int | None = getattr(model.config, "max_position_embeddings", None)
         self.calls = 0
@@ -34,13 +37,33 @@ class HFBackend:
         model, tokenizer = load_policy(spec)
         return cls(model, tokenizer, max_batch_tokens, prefix_cache)
 
+    @property
+    def cache(self) -> PrefixCache | None:
+        """The prefix cache of the trained weights."""
+        return self.caches[False] if self.caches else None
+
+    def clear_caches(self) -> None:
+        for cache in (self.caches or {}).values():
+            cache.clear()
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         import torch
 
         self.calls += 1
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        if self.cache is not None:
+        with self._weights(params.frozen):
+            return self._generate(prompts, params)
+
+    def _weights(self, frozen: bool):
+        if not frozen:
+            return nullcontext()
+        if not hasattr(self.model, "disable_adapter"):
+            raise ValueError("a frozen role needs adapters (LoRA) to switch off")
+        return self.model.disable_adapter()
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if self.caches is not None:
             return [self._generate_cached(p, params) for p in prompts]
         lengths = [len(p) for p in prompts]
         out: list[Generation | None] = [None] * len(prompts)
@@ -76,10 +99,11 @@ class HFBackend:
     def _generate_cached(self, prompt: list[int], params: SamplingParams) -> Generation:
         import torch
 
-        assert self.cache is not None
-        result = self._run(torch.tensor([prompt]), None, params, cache=self.cache.take(prompt))
+        assert self.caches is not None
+        cache = self.caches[params.frozen]
+        result = self._run(torch.tensor([prompt]), None, params, cache=cache.take(prompt))
         gen = self._finish(result, len(prompt), 0, params)
-        self.cache.put(prompt + gen.ids, result.cache)
+        cache.put(prompt + gen.ids, result.cache)
         return gen
 
     def _generate_padded(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

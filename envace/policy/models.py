@@ -124,3 +124,11 @@ def prepare_tokenizer(tok):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def add_lora(model, rank: int):
+    """LoRA adapters on the attention projections; `disable_adapter()` then gives back the base model."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))

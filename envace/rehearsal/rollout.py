@@ -237,11 +237,11 @@ class RolloutEngine:
 
     # -- answering calls ----------------------------------------------------------------------------
 
-    def _sampling(self, max_new_tokens: int, greedy: bool = False) -> SamplingParams:
+    def _sampling(self, max_new_tokens: int, greedy: bool = False, frozen: bool = False) -> SamplingParams:
         self._sampling_step += 1
         c = self.config
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else c.temperature,
-                              top_p=c.top_p, seed=c.seed * 1_000_003 + self._sampling_step)
+                              top_p=c.top_p, seed=c.seed * 1_000_003 + self._sampling_step, frozen=frozen)
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         start = time.perf_counter()
@@ -258,7 +258,7 @@ class RolloutEngine:
             shown.append([e.content for e in examples])
             messages = rehearser_prompt(ep.task, call, examples, ep.history, ep.latest, options)
             prompts.append(encode_messages(self.backend.tokenizer, messages))
-        gens = self._generate(prompts, self._sampling(options.max_new_tokens))
+        gens = self._generate(prompts, self._sampling(options.max_new_tokens, frozen=self.config.frozen_rehearser))
         out = []
         for (ep, index, _), prompt, gen, examples in zip(items, prompts, gens, shown, strict=True):
             parsed = parse_execution_result(gen.text)

@@ -24,7 +24,7 @@ import torch
 from envace.config import TrainConfig
 from envace.envs import registry
 from envace.policy.hf import HFBackend
-from envace.policy.models import load_policy
+from envace.policy.models import add_lora, load_policy
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.rollout import RolloutEngine
 from envace.store import Run
@@ -36,13 +36,6 @@ from envace.types import Role
 def _metric_rows(run: Run, step: int, phase: str, values: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
     return [{"run_id": run.run_id, "step": step, "phase": phase, "role": role, "name": name, "value": float(v)}
             for role, named in values.items() for name, v in named.items()]
-
-
-def _with_lora(model, rank: int):
-    from peft import LoraConfig, get_peft_model
-
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
 
 
 def _save_state(run: Run, model, optimizer, next_step: int) -> None:
@@ -57,7 +50,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     bench = registry.get(cfg.env)
     model, tok = load_policy(cfg.model)
     if cfg.lora:
-        model = _with_lora(model, cfg.lora_rank)
+        model = add_lora(model, cfg.lora_rank)
     pad = tok.pad_token_id
     train_tasks = bench.load_tasks(cfg.category, "train")
     bank = ExampleBank(train_tasks)
@@ -72,7 +65,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         start = state["next_step"]
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
-        rows = reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo, bank)
+        rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo,
+                                          bank) if r.role in cfg.trained_roles]
         say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s)")
         sft_optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
         order, step = list(range(len(rows))), 0
@@ -100,12 +94,12 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     for step in range(start, cfg.grpo_steps):
         tasks = random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step)
         model.eval()
-        backend.cache.clear()  # cached keys and values belong to the weights before the last update
+        backend.clear_caches()  # cached keys and values belong to the weights before the last update
         rollout = replace(cfg.rollout(), seed=cfg.seed * 7919 + step)
         engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
         scored = [(ep, engine.episode_row(ep)) for ep in episodes]
-        rows = [r for ep, row in scored for r in episode_rows(ep, row["checklist"])]
+        rows = [r for ep, row in scored for r in episode_rows(ep, row["checklist"], cfg.trained_roles)]
         model.train()
         advantages = role_advantages(rows, cfg.scale_by_std)
         stats = grpo_step(model, optimizer, rows, advantages, pad)
