@@ -40,7 +40,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("checklist", pa.float64()),      # environment-free checklist reward in [0, 1] (envace.rewards)
         ("checklist_detail", pa.string()),  # JSON: per reference turn, which items passed
         ("termination", pa.string()),     # completed | step_limit | context_exceeded | parse_error | rehearsal_error
-        ("n_turns", pa.int32()), ("n_ref_turns", pa.int32()),  # user turns reached / in the task
+        ("n_turns", pa.int32()), ("n_ref_turns", pa.int32()),  # user turns completed / in the task
         ("n_steps", pa.int32()),          # caller messages
         ("n_calls", pa.int32()), ("n_parse_errors", pa.int32()), ("n_tool_errors", pa.int32()),
         ("n_rehearsals", pa.int32()), ("n_rehearsal_errors", pa.int32()),
