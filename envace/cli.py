@@ -26,7 +26,10 @@ class _Parser(argparse.ArgumentParser):
 def _console():
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 140  # logs and pipes: keep the tables' columns readable instead of 80 wide
+    return console
 
 
 # -- rollout ---------------------------------------------------------------------------------------
