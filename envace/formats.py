@@ -152,6 +152,11 @@ def as_json_value(content: str) -> Any:
         return content
 
 
+def is_error_value(value: Any) -> bool:
+    """A tool result that reports failure: an object with an `error` key (BFCL's tools and the rehearser alike)."""
+    return isinstance(value, dict) and "error" in value
+
+
 def render_execution_result(value: Any) -> str:
     return f"{RESULT_OPEN}\n{json.dumps(value, ensure_ascii=False)}\n{RESULT_CLOSE}"
 

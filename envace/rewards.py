@@ -5,8 +5,8 @@ every ground-truth call of a user turn is an item, with weights summing to 1 per
 when the caller issued, in that turn, a call with the same function and equivalent arguments. The
 episode score is Σ turn scores / number of reference turns, so turns lost to early termination score
 0 (the reference release's shape, without its 30B judge). A turn whose reference has no call (BFCL
-miss_func / miss_param) scores 1 when reached. `official` is the benchmark checker's verdict on a
-real (or shadow) environment: an ablation that uses the environment for scoring only.
+miss_func / miss_param) scores 1 when reached. The official reward is the benchmark checker's verdict
+(`Environment.score`, stored as `episodes.success`): an ablation that uses the environment for scoring only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from envace.fidelity import canonical
-from envace.types import Score, Task, ToolCall
+from envace.types import Task, ToolCall
 
 
 def _number(value: Any) -> float | None:
@@ -76,7 +76,3 @@ def checklist(task: Task, issued: list[list[ToolCall]]) -> tuple[float, list[lis
         if reached:
             total += sum(passed) / len(passed) if passed else 1.0
     return (total / len(task.reference) if task.reference else 0.0), detail
-
-
-def official(score: Score) -> float:
-    return float(score.success)

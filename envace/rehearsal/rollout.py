@@ -27,7 +27,7 @@ from envace.config import RolloutConfig
 from envace.envs.base import Environment
 from envace.envs.registry import Benchmark
 from envace.envs.validate import check_call
-from envace.formats import ParsedResult, content_of, parse_execution_result, parse_tool_calls
+from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, parse_tool_calls
 from envace.policy.backend import Backend, Generation, SamplingParams
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.prompts import ChatRenderer, encode_messages, rehearser_prompt
@@ -271,7 +271,7 @@ class RolloutEngine:
                 result = ToolResult(json.dumps({"error": message}), True, "INVALID_EXECUTION_RESULT")
             else:
                 value = parsed.value
-                failed = isinstance(value, dict) and "error" in value
+                failed = is_error_value(value)
                 kind = value["error"] if failed and value["error"] in _NAMED_ERRORS else "TOOL_ERROR"
                 result = ToolResult(content_of(value), failed, kind if failed else "")
             out.append(Rehearsal(result, parsed, examples))
@@ -307,7 +307,7 @@ class RolloutEngine:
             else:  # no environment: the schema alone decides what the checker would have executed
                 dispatched = [check_call(c, ep.env.tools) is None for c in calls]
             if real and rehearsed:
-                base = list(ep.ids)
+                base = ep.ids  # forks copy it before `_on_results` extends it
                 for i, k in enumerate(span):
                     pair = self._pair(ep, i, calls[i], real[k], rehearsed[k], "real" if feed_real else "rehearsed")
                     ep.pairs.append(pair)

@@ -17,6 +17,7 @@ from typing import Any
 
 from envace.envs.base import Environment, Steps
 from envace.envs.bfcl.calls import to_call_string
+from envace.formats import is_error_value
 from envace.types import Score, Task, ToolCall, ToolResult
 
 
@@ -63,7 +64,7 @@ class BFCLEnv(Environment):
         # Tools keep references to their arguments (a tweet stores its `mentions` list), so the call
         # must hand over a copy or later mutations leak back into the recorded call.
         value = method(**copy.deepcopy(call.arguments))
-        failed = isinstance(value, dict) and "error" in value
+        failed = is_error_value(value)
         return ToolResult(format_result(value), is_error=failed, error_kind="TOOL_ERROR" if failed else "")
 
     def score(self, task: Task, steps: Steps) -> Score:
