@@ -36,7 +36,7 @@ def _console():
 
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
-                  "decision_sample")
+                  "decision_sample", "tool_docs")
 
 
 def _rollout_config(args: argparse.Namespace) -> RolloutConfig:
@@ -58,6 +58,7 @@ def summary_table(title: str, summary: dict[str, Any]):
         ("checklist reward", f"{summary.get('checklist', 0.0):.3f}"),
         ("calls per turn", f"{summary['calls_per_turn']:.2f}"),
         ("parse-error rate", f"{summary['parse_error_rate']:.1%} of {summary['caller_messages']} caller messages"),
+        ("well-formed-call rate", f"{summary.get('well_formed_rate', 0.0):.1%} of caller messages"),
         ("generated tokens/s", f"{summary['tokens_per_s']:.1f} ({summary['generated_tokens']} tokens)"),
         ("pairs (real vs rehearsed)", f"{summary.get('pairs', 0)}"),
         ("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items()))),
@@ -127,6 +128,29 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 # -- train -----------------------------------------------------------------------------------------
 
+def _overridden(table: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
+    """Apply `--set key=value` (dotted keys reach nested tables; values read as TOML, else as strings)."""
+    import tomllib
+
+    table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set expects key=value, got '{item}'")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        *parents, leaf = key.strip().split(".")
+        target = table
+        for name in parents:
+            target = target.setdefault(name, {})
+            if not isinstance(target, dict):
+                raise UsageError(f"--set {key}: '{name}' is not a table")
+        target[leaf] = value
+    return table
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from envace.config import TrainConfig
     from envace.store import Run, get_run
@@ -135,7 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     raw = load_toml(args.config)
     if "train" not in raw:
         raise UsageError(f"{args.config} has no [train] table")
-    cfg = from_dict(TrainConfig, raw["train"], where=f"{args.config} [train]")
+    cfg = from_dict(TrainConfig, _overridden(raw["train"], args.set), where=f"{args.config} [train]")
     console = _console()
     root = runs_root(args.root)
     if args.resume:
@@ -306,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="TOML file with a [train] table")
     p.add_argument("--run-name", default=None)
     p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a [train] field, e.g. --set variant=caller_only --set rehearser.max_new_tokens=64")
     p.set_defaults(func=cmd_train)
 
     with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)

@@ -70,6 +70,10 @@ class RolloutConfig:
     rehearser: RehearserOptions = field(default_factory=RehearserOptions,
                                         metadata={"help": "the rehearser role (modes other than real)"})
     caller_demo: bool = doc("show the caller one worked call of a train task with the same tools", False)
+    tool_docs: str = doc("tools in the caller prompt: full (JSON schemas) | compact (name, one line, argument types)",
+                         "full")
+    real_fraction: float = doc("rehearse mode: share of calls the real environment answers instead (Dyna-style mix)",
+                               0.0)
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
@@ -84,6 +88,7 @@ class RolloutConfig:
         _choice("split", self.split, [s.value for s in Split])
         _choice("mode", self.mode, [m.value for m in Mode])
         _choice("on_parse_error", self.on_parse_error, ["end_turn", "end_episode"])
+        _choice("tool_docs", self.tool_docs, ["full", "compact"])
         for name in ("group_size", "batch_size", "max_steps_per_turn", "max_new_tokens", "max_batch_tokens"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -91,8 +96,9 @@ class RolloutConfig:
             raise UsageError(f"limit must be at least 1, got {self.limit}")
         if self.offset < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
             raise UsageError("offset and temperature must be >= 0 and top_p in (0, 1]")
-        if not 0 <= self.decision_sample <= 1:
-            raise UsageError(f"decision_sample must be in [0, 1], got {self.decision_sample}")
+        for name in ("decision_sample", "real_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise UsageError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         self.rehearser.validate()
         from envace.policy.models import check_model_spec
 
@@ -170,6 +176,13 @@ class TrainConfig:
     max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
     temperature: float = doc("rollout sampling temperature (reference: 1.0)", 1.0)
     caller_demo: bool = doc("show the caller one worked call of another train task", False)
+    tool_docs: str = doc("tools in the caller prompt: full | compact (about a third of the tokens on BFCL)", "full")
+    real_fraction: float = doc("Dyna-style mix: share of calls answered by the real environment at the first "
+                               "GRPO step (variant envace / caller_only)", 0.0)
+    real_fraction_end: float | None = doc("anneal real_fraction linearly to this by the last step (None = constant)",
+                                         None)
+    eval_every: int = doc("GRPO steps between evaluations on test-split tasks (0 = none)", 0)
+    eval_limit: int = doc("test-split tasks per evaluation (real environment, rehearser as shadow, greedy)", 4)
     variant: str = doc("envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, "
                        "needs lora) | real_env (environment answers; only the caller is trained)", "envace")
     rehearser: RehearserOptions = field(default_factory=RehearserOptions, metadata={"help": "the rehearser role"})
@@ -182,11 +195,15 @@ class TrainConfig:
         if self.category not in bench.categories:
             raise UsageError(f"unknown {self.env} category '{self.category}'")
         for name in ("sft_epochs", "rows_per_step", "tasks_per_step", "group_size", "max_new_tokens",
-                     "max_steps_per_turn", "lora_rank", "save_every"):
+                     "max_steps_per_turn", "lora_rank", "save_every", "eval_limit"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.sft_tasks < 0 or self.grpo_steps < 0:
-            raise UsageError("sft_tasks and grpo_steps must be >= 0")
+        if self.sft_tasks < 0 or self.grpo_steps < 0 or self.eval_every < 0:
+            raise UsageError("sft_tasks, grpo_steps and eval_every must be >= 0")
+        _choice("tool_docs", self.tool_docs, ["full", "compact"])
+        for value in (self.real_fraction, self.real_fraction_end):
+            if value is not None and not 0 <= value <= 1:
+                raise UsageError(f"real_fraction and real_fraction_end must be in [0, 1], got {value}")
         _choice("variant", self.variant, ["envace", "caller_only", "real_env"])
         if self.variant == "caller_only" and not self.lora:
             raise UsageError("variant caller_only needs lora = true: the frozen rehearser is the base model "
@@ -200,8 +217,13 @@ class TrainConfig:
     def trained_roles(self) -> tuple[str, ...]:
         return ("caller", "rehearser") if self.variant == "envace" else ("caller",)
 
-    def rollout(self) -> RolloutConfig:
-        """The rollout settings of a GRPO step: the rehearsed world, or the real one for `real_env`."""
+    def real_fraction_at(self, step: int) -> float:
+        if self.real_fraction_end is None or self.grpo_steps < 2:
+            return self.real_fraction
+        return self.real_fraction + (self.real_fraction_end - self.real_fraction) * step / (self.grpo_steps - 1)
+
+    def rollout(self, step: int = 0) -> RolloutConfig:
+        """The rollout settings of GRPO step `step`: the rehearsed world, or the real one for `real_env`."""
         mode = "real" if self.variant == "real_env" else "rehearse"
         return RolloutConfig(env=self.env, category=self.category, split="train", mode=mode,
                              frozen_rehearser=self.variant == "caller_only",
@@ -209,4 +231,12 @@ class TrainConfig:
                              self.group_size, max_steps_per_turn=self.max_steps_per_turn,
                              max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
                              on_parse_error="end_episode", rehearser=self.rehearser, caller_demo=self.caller_demo,
-                             embedding=False)
+                             tool_docs=self.tool_docs, real_fraction=self.real_fraction_at(step), embedding=False)
+
+    def evaluation(self) -> RolloutConfig:
+        """Evaluation settings: test split, real environment with the rehearser as shadow, greedy."""
+        return RolloutConfig(env=self.env, category=self.category, split="test", limit=self.eval_limit,
+                             mode="real+shadow", model=self.model, batch_size=self.eval_limit,
+                             max_steps_per_turn=self.max_steps_per_turn, max_new_tokens=self.max_new_tokens,
+                             temperature=0.0, seed=self.seed, rehearser=self.rehearser,
+                             caller_demo=self.caller_demo, tool_docs=self.tool_docs, embedding=False)

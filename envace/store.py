@@ -43,6 +43,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("n_turns", pa.int32()), ("n_ref_turns", pa.int32()),  # user turns completed / in the task
         ("n_steps", pa.int32()),          # caller messages
         ("n_calls", pa.int32()), ("n_parse_errors", pa.int32()), ("n_tool_errors", pa.int32()),
+        ("n_well_formed", pa.int32()),    # caller messages with at least one call and no parse error
         ("n_rehearsals", pa.int32()), ("n_rehearsal_errors", pa.int32()),
         ("env_executions", pa.int32()),   # calls the real environment executed (0 in rehearse mode)
         ("prompt_tokens", pa.int32()),    # the first caller prompt
@@ -75,7 +76,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     # One row per (step, phase, role, metric) of a training run: long format, easy to plot and filter.
     "metrics": pa.schema([
         ("run_id", pa.string()), ("step", pa.int32()),
-        ("phase", pa.string()),           # sft | grpo
+        ("phase", pa.string()),           # sft | grpo | eval
         ("role", pa.string()),            # caller | rehearser | all
         ("name", pa.string()), ("value", pa.float64()),
     ]),

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from envace.training.grpo import Row, completion_mask, grpo_step, policy_loss, role_advantages
+from envace.training.grpo import Row, backward, grpo_step, pack, policy_loss, role_advantages
 
 
 def test_role_advantages_on_a_hand_built_batch():
@@ -23,33 +23,45 @@ def test_empty_generations_are_penalised():
     assert role_advantages(rows) == pytest.approx([-0.05, 0.05])
 
 
+def _own_logprobs(model, row: Row) -> list[torch.Tensor]:
+    ids = torch.tensor([row.prompt_ids + row.completion_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+    return [logp[t, ids[0, t + 1]] for t in range(len(row.prompt_ids) - 1, ids.shape[1] - 1)]
+
+
 def test_the_loss_mask_covers_exactly_each_rows_completion(tiny):
     from envace.training.grpo import completion_logprobs
 
-    assert completion_mask([2, 4, 0]).tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]]
     model, tok = tiny
-    rows = [Row("A", "caller", [1, 5, 7, 9, 4], [9, 11], 1.0), Row("A", "rehearser", [1, 4], [8, 3, 2, 6], 0.0)]
-    logprobs, _, mask = completion_logprobs(model, rows, tok.pad_token_id)
-    for i, row in enumerate(rows):  # the masked positions are exactly the row's completion tokens
-        ids = torch.tensor([row.prompt_ids + row.completion_ids])
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
-        own = [logp[t, ids[0, t + 1]].item() for t in range(len(row.prompt_ids) - 1, ids.shape[1] - 1)]
-        assert logprobs[i][mask[i].bool()].tolist() == pytest.approx(own, abs=1e-4)
+    first = Row("A", "caller", [1, 5, 7, 9, 4], [9, 11], 1.0)
+    second = Row("A", "caller", first.prompt_ids + first.completion_ids + [3, 3], [12, 13, 14], 1.0)
+    other = Row("A", "rehearser", [1, 4], [8, 3, 2, 6], 0.0)
+    logprobs, _, owner = completion_logprobs(model, [[first, second], [other]], tok.pad_token_id)
+    # Positions from the earliest completion on; the tool-result tokens [3, 3] between are nobody's.
+    assert owner.tolist() == [[0, 0, -1, -1, 1, 1, 1], [-1, -1, -1, 2, 2, 2, 2]]
+    for index, row in enumerate([first, second, other]):  # each row's positions hold its own tokens' log-probs
+        p = 0 if index < 2 else 1
+        got = logprobs[p][owner[p] == index].tolist()
+        assert got == pytest.approx([x.item() for x in _own_logprobs(model, row)], abs=1e-4)
 
 
-def test_loss_is_the_advantage_weighted_token_mean_logprob(tiny):
+def test_packing_joins_an_episodes_caller_rows_and_keeps_the_loss(tiny):
     model, tok = tiny
-    rows = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "rehearser", [1, 4], [8, 3, 2], 0.0)]
-    loss, stats = policy_loss(model, rows, [0.5, -2.0], tok.pad_token_id)
-    expected = 0.0
-    for row, adv in zip(rows, [0.5, -2.0], strict=True):
-        ids = torch.tensor([row.prompt_ids + row.completion_ids])
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
-        target = ids[0, 1:]
-        own = [logp[t, target[t]] for t in range(len(row.prompt_ids) - 1, ids.shape[1] - 1)]
-        expected += -adv * torch.stack(own).mean().item()
-    assert loss.item() == pytest.approx(expected / 2, rel=1e-3)
-    assert stats["tokens"] == 5
+    a1 = Row("A", "caller", [1, 5, 7], [9, 11], 1.0)
+    a2 = Row("A", "caller", [1, 5, 7, 9, 11, 4, 4], [12, 2], 1.0)
+    r1 = Row("A", "rehearser", [1, 4, 6], [8, 3], 1.0)
+    b1 = Row("B", "caller", [1, 5, 7], [10], 0.0)  # same prompt, different completion: its own pack
+    rows = [a2, r1, b1, a1]
+    assert sorted(sorted(g) for g in pack(rows)) == [[0, 3], [1], [2]]
+    advantages = [0.5, -1.0, 2.0, 0.25]
+    loss, stats = policy_loss(model, [[rows[i] for i in g] for g in pack(rows)],
+                              [advantages[i] for g in pack(rows) for i in g], tok.pad_token_id)
+    expected = sum(-adv * torch.stack(_own_logprobs(model, row)).mean().item()
+                   for row, adv in zip(rows, advantages, strict=True)) / len(rows)
+    assert loss.item() == pytest.approx(expected, rel=1e-4)
+    assert stats["tokens"] == 7
+    model.zero_grad()
+    assert backward(model, rows, advantages, tok.pad_token_id)["packs"] == 3
 
 
 def test_a_trivial_reward_rises_on_the_tiny_model():

@@ -9,6 +9,7 @@ the prompt of step k+1 always starts with the exact ids of step k's prompt and c
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +23,32 @@ _PREFIX = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
            {"role": "assistant", "content": "a"}]
 
 
-class ChatRenderer:
-    """Renders a task's opening prompt and later message deltas into token ids."""
+def compact_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as name, one-sentence description and `argument: type` (`?` = optional).
 
-    def __init__(self, tokenizer) -> None:
+    BFCL's full schemas cost 3-5k prompt tokens per episode (each function repeats its class's
+    description); this form carries what a call needs in about a third of that, which is what makes
+    training on one CPU fit in an hour.
+    """
+    fn = tool["function"]
+    text = fn.get("description", "").split("Tool description: ", 1)[-1]
+    params = fn.get("parameters") or {}
+    required = set(params.get("required", []))
+    arguments = {name: str(spec.get("type", "any")) + ("" if name in required else "?")
+                 for name, spec in params.get("properties", {}).items()}
+    return {"name": fn["name"], "description": re.split(r"(?<=\.)\s", text, maxsplit=1)[0],
+            "arguments": arguments}
+
+
+class ChatRenderer:
+    """Renders a task's opening prompt and later message deltas into token ids.
+
+    `tool_docs="compact"` shows tools as `compact_tool` renders them instead of full JSON schemas.
+    """
+
+    def __init__(self, tokenizer, tool_docs: str = "full") -> None:
         self.tokenizer = tokenizer
+        self._shown = compact_tool if tool_docs == "compact" else (lambda tool: tool)
         self.end_of_message = tokenizer.convert_tokens_to_ids("<|im_end|>")
         prefix = self._render(_PREFIX, generation_prompt=False)
         if not prefix.endswith("<|im_end|>\n"):
@@ -47,7 +69,7 @@ class ChatRenderer:
         the assistant header."""
         messages = [{"role": "system", "content": task.system_prompt}, *(demonstration or []),
                     {"role": "user", "content": task.user_turns[0]}]
-        return self.encode(self._render(messages, generation_prompt=True, tools=task.tools))
+        return self.encode(self._render(messages, generation_prompt=True, tools=[self._shown(t) for t in task.tools]))
 
     def delta(self, messages: list[dict[str, Any]]) -> list[int]:
         """Ids of `messages` plus the next assistant header, to append after a finished assistant message."""
@@ -60,7 +82,7 @@ class ChatRenderer:
     def user_turn(self, text: str, new_tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The next user message; tools revealed at this turn are listed in it, as BFCL's prompting mode does."""
         if new_tools:
-            listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in new_tools)
+            listing = "\n".join(json.dumps(self._shown(t), ensure_ascii=False) for t in new_tools)
             text = f"<tools>\n{listing}\n</tools>\n{text}"
         return self.delta([{"role": "user", "content": text}])
 

@@ -57,6 +57,7 @@ class Episode:
     calls: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[dict[str, Any]] = field(default_factory=list)
     n_parse_errors: int = 0
+    n_well_formed: int = 0
     n_tool_errors: int = 0
     n_rehearsal_errors: int = 0
     generated_tokens: int = 0
@@ -93,6 +94,7 @@ class Summary:
     caller_messages: int = 0
     calls: int = 0
     parse_errors: int = 0
+    well_formed: int = 0
     pairs: int = 0
     generated_tokens: int = 0
     generation_s: float = 0.0
@@ -107,6 +109,7 @@ class Summary:
         self.caller_messages += row["n_steps"]
         self.calls += row["n_calls"]
         self.parse_errors += row["n_parse_errors"]
+        self.well_formed += row["n_well_formed"]
         self.pairs += pairs
         self.generated_tokens += row["generated_tokens"]
         self.terminations[row["termination"]] = self.terminations.get(row["termination"], 0) + 1
@@ -120,6 +123,7 @@ class Summary:
             "checklist": per(self.checklist, self.episodes),
             "calls_per_turn": per(self.calls, self.turns),
             "parse_error_rate": per(self.parse_errors, self.caller_messages),
+            "well_formed_rate": per(self.well_formed, self.caller_messages),
             "caller_messages": self.caller_messages, "calls": self.calls, "pairs": self.pairs,
             "generated_tokens": self.generated_tokens,
             "tokens_per_s": per(self.generated_tokens, self.generation_s), "wall_s": round(self.wall_s, 2),
@@ -136,7 +140,7 @@ class RolloutEngine:
         self.benchmark = benchmark
         self.config = config
         self.mode = Mode(config.mode)
-        self.renderer = ChatRenderer(backend.tokenizer)
+        self.renderer = ChatRenderer(backend.tokenizer, config.tool_docs)
         self.max_context = max_context
         self.examples = examples or ExampleBank()
         self.generation_s = 0.0
@@ -176,6 +180,7 @@ class RolloutEngine:
             prompt_len=prompt_len, n_calls=len(parsed.calls), parse_error=parsed.error,
             parse_detail=parsed.detail or None))
         ep.latest = gen.text
+        ep.n_well_formed += bool(parsed.calls) and parsed.error is None
         if parsed.error:
             ep.n_parse_errors += 1
             if self.config.on_parse_error == "end_episode":
@@ -187,10 +192,10 @@ class RolloutEngine:
         self._end_turn(ep)
         return []
 
-    def _on_results(self, ep: Episode, calls: list[ToolCall], results: list[ToolResult], source: str,
+    def _on_results(self, ep: Episode, calls: list[ToolCall], results: list[ToolResult], sources: list[str],
                     dispatched: list[bool]) -> None:
         ep.history.append(("Assistant", ep.latest))
-        for index, (call, result) in enumerate(zip(calls, results, strict=True)):
+        for index, (call, result, source) in enumerate(zip(calls, results, sources, strict=True)):
             ep.calls.append({
                 "episode_id": ep.episode_id, "turn": ep.turn, "step": ep.step, "call_index": index,
                 "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "source": source,
@@ -228,7 +233,7 @@ class RolloutEngine:
             "termination": ep.termination, "n_turns": min(ep.turn, len(ep.task.user_turns)),
             "n_ref_turns": len(ep.task.user_turns),
             "n_steps": sum(t["role"] == Role.CALLER for t in ep.turns), "n_calls": len(ep.calls),
-            "n_parse_errors": ep.n_parse_errors, "n_tool_errors": ep.n_tool_errors,
+            "n_parse_errors": ep.n_parse_errors, "n_tool_errors": ep.n_tool_errors, "n_well_formed": ep.n_well_formed,
             "n_rehearsals": sum(t["role"] == Role.REHEARSER for t in ep.turns),
             "n_rehearsal_errors": ep.n_rehearsal_errors, "env_executions": ep.env.executions,
             "prompt_tokens": ep.prompt_tokens, "generated_tokens": ep.generated_tokens,
@@ -251,6 +256,8 @@ class RolloutEngine:
 
     def _rehearse(self, items: list[tuple[Episode, int, ToolCall]]) -> list[Rehearsal]:
         """Every pending call of every episode, rehearsed in one backend call."""
+        if not items:
+            return []
         options = self.config.rehearser
         shown, prompts = [], []
         for ep, _, call in items:
@@ -293,29 +300,32 @@ class RolloutEngine:
 
     def _answer(self, pending: list[tuple[Episode, list[ToolCall]]]) -> None:
         items = [(ep, i, call) for ep, calls in pending for i, call in enumerate(calls)]
-        uses_env = self.mode != Mode.REHEARSE
-        real = [ep.env.execute(call) for ep, _, call in items] if uses_env else []
-        rehearsed = self._rehearse(items) if self.mode != Mode.REAL else []
+        # Dyna-style mix: in `rehearse` mode a share of calls goes to the real environment instead.
+        mixed = [self.mode == Mode.REHEARSE and self._rng.random() < self.config.real_fraction for _ in items]
+        to_env = [k for k, m in enumerate(mixed) if m or self.mode != Mode.REHEARSE]
+        to_rehearser = [k for k, m in enumerate(mixed) if not m and self.mode != Mode.REAL]
+        real = {k: items[k][0].env.execute(items[k][2]) for k in to_env}
+        rehearsed = dict(zip(to_rehearser, self._rehearse([items[k] for k in to_rehearser]), strict=True))
         feed_real = self.mode in (Mode.REAL, Mode.REAL_SHADOW)
         cursor = 0
         for ep, calls in pending:
             span = range(cursor, cursor + len(calls))
             cursor += len(calls)
-            fed = [real[k] if feed_real else rehearsed[k].result for k in span]
-            if uses_env:
-                dispatched = [real[k].dispatched for k in span]
-            else:  # no environment: the schema alone decides what the checker would have executed
-                dispatched = [check_call(c, ep.env.tools) is None for c in calls]
-            if real and rehearsed:
-                base = ep.ids  # forks copy it before `_on_results` extends it
-                for i, k in enumerate(span):
-                    pair = self._pair(ep, i, calls[i], real[k], rehearsed[k], "real" if feed_real else "rehearsed")
+            fed = [real[k] if feed_real or mixed[k] else rehearsed[k].result for k in span]
+            # Without the environment, the schema alone decides what the checker would have executed.
+            dispatched = [real[k].dispatched if k in real else check_call(items[k][2], ep.env.tools) is None
+                          for k in span]
+            sources = ["real" if feed_real or mixed[k] else "rehearsed" for k in span]
+            base = ep.ids  # forks copy it before `_on_results` extends it
+            for i, k in enumerate(span):
+                if k in real and k in rehearsed:
+                    pair = self._pair(ep, i, calls[i], real[k], rehearsed[k], sources[i])
                     ep.pairs.append(pair)
                     if pair["rehearsed_response"] is not None and self._rng.random() < self.config.decision_sample:
                         self._fork(pair, base, fed, i, real[k], rehearsed[k].result)
-            self._on_results(ep, calls, fed, "real" if feed_real else "rehearsed", dispatched)
-            if not feed_real and self.config.rehearser.on_error == "end_episode" and \
-                    any(rehearsed[k].parsed.error for k in span) and ep.termination is None:
+            self._on_results(ep, calls, fed, sources, dispatched)
+            if not feed_real and self.config.rehearser.on_error == "end_episode" and ep.termination is None and \
+                    any(rehearsed[k].parsed.error for k in span if k in rehearsed):
                 ep.termination = "rehearsal_error"
 
     def _fork(self, pair: dict[str, Any], base: list[int], fed: list[ToolResult], i: int,
@@ -375,6 +385,14 @@ class RolloutEngine:
         size = self.config.batch_size
         for i in range(0, len(items), size):
             yield items[i: i + size]
+
+    def run_summary(self, episodes: list[Episode]) -> dict[str, Any]:
+        """Summary counters of finished episodes played outside `run` (scores them)."""
+        summary = Summary()
+        for ep in episodes:
+            summary.add(self.episode_row(ep), len(ep.pairs))
+        summary.generation_s = self.generation_s
+        return summary.as_dict()
 
     def run(self, tasks: list[Task], run: Run | None = None,
             on_episode: Callable[[dict[str, Any]], None] | None = None) -> Summary:

@@ -50,29 +50,39 @@ def role_advantages(rows: list[Row], scale_by_std: bool = False, empty_penalty: 
     return advantages
 
 
-def completion_mask(completion_lens: list[int]) -> torch.Tensor:
-    """1 where a predicted position holds one of the row's own completion tokens.
+def pack(rows: list[Row]) -> list[list[int]]:
+    """Row indices grouped so that every row's prompt extends the previous row's sequence in its group.
 
-    Rows are left-padded so every sequence ends at the same position; the last `max(completion_lens)`
-    predictions then cover every completion, and row i's are its last `completion_lens[i]`.
+    A caller's prompt at step k is its step k−1 prompt + completion + the tool results, token for
+    token, so all caller rows of an episode become one sequence and one forward pass instead of one
+    per message; causal attention makes every log-prob identical to the row's own forward pass.
     """
-    width = max(completion_lens)
-    mask = torch.zeros(len(completion_lens), width)
-    for i, n in enumerate(completion_lens):
-        if n:
-            mask[i, width - n:] = 1.0
-    return mask
+    groups: list[list[int]] = []
+    for i in sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids)):
+        prompt = rows[i].prompt_ids
+        for group in reversed(groups):
+            last = rows[group[-1]]
+            n = len(last.prompt_ids) + len(last.completion_ids)
+            if len(prompt) >= n and prompt[: len(last.prompt_ids)] == last.prompt_ids and \
+                    prompt[len(last.prompt_ids): n] == last.completion_ids:
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
 
 
-def completion_logprobs(model, rows: list[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log-probs of the completion tokens, their logits, the mask), one row per `Row`, left-aligned at the end.
+def completion_logprobs(model, packs: list[list[Row]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-probs, logits, owner) at the completion positions of each pack's one sequence.
 
-    Only the completion positions go through the vocabulary projection (`logits_to_keep`): BFCL
-    prompts are thousands of tokens, completions tens, and the projection dominates otherwise.
+    A pack's sequence is its last row's prompt + completion; `owner[p, t]` is the index (in
+    `[r for pack in packs for r in pack]`) of the row whose completion holds that token, or −1.
+    Packs are left-padded so they end together, and only the positions from the earliest completion
+    on go through the vocabulary projection (`logits_to_keep`): prompts are thousands of tokens.
     """
-    seqs = [r.prompt_ids + r.completion_ids for r in rows]
+    seqs = [pk[-1].prompt_ids + pk[-1].completion_ids for pk in packs]
     width = max(len(s) for s in seqs)
-    keep = max(max(len(r.completion_ids) for r in rows), 1)
+    keep = max(max(len(s) - min(len(r.prompt_ids) for r in pk) for s, pk in zip(seqs, packs, strict=True)), 1)
     ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs])
     attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
@@ -80,21 +90,28 @@ def completion_logprobs(model, rows: list[Row], pad_id: int) -> tuple[torch.Tens
                    logits_to_keep=keep + 1).logits[:, :-1].float()
     targets = ids[:, width - keep:]
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    mask = completion_mask([len(r.completion_ids) for r in rows])
-    if mask.shape[1] < keep:  # every completion empty
-        mask = torch.zeros(len(rows), keep)
-    return logprobs, logits, mask
+    owner = torch.full((len(packs), keep), -1, dtype=torch.long)
+    index = 0
+    for p, (seq, pk) in enumerate(zip(seqs, packs, strict=True)):
+        for row in pk:
+            end = keep - (len(seq) - len(row.prompt_ids) - len(row.completion_ids))
+            owner[p, end - len(row.completion_ids): end] = index
+            index += 1
+    return logprobs, logits, owner
 
 
-def policy_loss(model, rows: list[Row], advantages: list[float], pad_id: int) -> tuple[torch.Tensor, dict]:
-    """L = − 1/N Σ_i A_i · (1/|c_i|) Σ_t log π(c_i,t | p_i, c_i,<t).
+def policy_loss(model, packs: list[list[Row]], advantages: list[float], pad_id: int) -> tuple[torch.Tensor, dict]:
+    """L = − 1/N Σ_i A_i · (1/|c_i|) Σ_t log π(c_i,t | p_i, c_i,<t), over the N rows of `packs`.
 
     One optimiser step per batch keeps the policy on-policy, so the PPO ratio is 1 and clipping never
     acts: this is exactly REINFORCE with the role-wise baseline, with a token mean per sequence.
     """
-    logprobs, logits, mask = completion_logprobs(model, rows, pad_id)
-    per_row = (logprobs * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    loss = -(torch.tensor(advantages, dtype=per_row.dtype) * per_row).mean()
+    rows = [r for pk in packs for r in pk]
+    logprobs, logits, owner = completion_logprobs(model, packs, pad_id)
+    mask = owner >= 0
+    lengths = torch.tensor([max(len(r.completion_ids), 1) for r in rows], dtype=logprobs.dtype)
+    weight = torch.tensor(advantages, dtype=logprobs.dtype) / lengths
+    loss = -(torch.where(mask, weight[owner.clamp(min=0)], 0.0) * logprobs).sum() / len(rows)
     with torch.no_grad():
         probs = torch.softmax(logits, dim=-1)
         entropy = (-(probs * torch.log(probs.clamp(min=1e-12))).sum(-1) * mask).sum() / mask.sum().clamp(min=1)
@@ -102,23 +119,26 @@ def policy_loss(model, rows: list[Row], advantages: list[float], pad_id: int) ->
 
 
 def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1) -> dict:
-    """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` rows at a time.
+    """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` packs at a time.
 
-    Micro-batches of one row avoid padding, which on CPU keeps attention on its fast causal path for
+    Micro-batches of one pack avoid padding, which on CPU keeps attention on its fast causal path for
     prompts of thousands of tokens; the summed gradients equal the full batch's.
     """
+    packs = pack(rows)
     loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
-    for i in range(0, len(rows), micro_batch):
-        chunk = slice(i, i + micro_batch)
-        loss, stats = policy_loss(model, rows[chunk], advantages[chunk], pad_id)
+    for i in range(0, len(packs), micro_batch):
+        chunk = packs[i: i + micro_batch]
+        n = sum(len(pk) for pk in chunk)
+        loss, stats = policy_loss(model, [[rows[j] for j in pk] for pk in chunk],
+                                  [advantages[j] for pk in chunk for j in pk], pad_id)
         finite = finite and bool(torch.isfinite(loss))
         if finite:
-            (loss * len(rows[chunk]) / len(rows)).backward()
-        loss_sum += stats["loss"] * len(rows[chunk])
+            (loss * n / len(rows)).backward()
+        loss_sum += stats["loss"] * n
         entropy_sum += stats["entropy"] * stats["tokens"]
         tokens += stats["tokens"]
     return {"loss": loss_sum / len(rows), "entropy": entropy_sum / max(tokens, 1), "tokens": tokens,
-            "finite": finite}
+            "packs": len(packs), "finite": finite}
 
 
 def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,

@@ -27,7 +27,7 @@ def episode_rows(episode: Episode, reward: float,
 
 
 def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser: RehearserOptions,
-                   caller_demo: bool = False, examples=None) -> list[Row]:
+                   caller_demo: bool = False, examples=None, tool_docs: str = "full") -> list[Row]:
     """Every caller message and every rehearsal along the tasks' reference trajectories (SFT data).
 
     The scripted reference policy plays `real+shadow` episodes through the real engine, so the rows
@@ -37,7 +37,7 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
         raise ValueError("SFT data must come from train-split tasks only")
     policy = ReferencePolicy(tokenizer, tasks)
     cfg = RolloutConfig(mode="real+shadow", batch_size=8, embedding=False, rehearser=rehearser,
-                        caller_demo=caller_demo)
+                        caller_demo=caller_demo, tool_docs=tool_docs)
     engine = RolloutEngine(policy, benchmark, cfg, examples=examples)
     rows: list[Row] = []
     for batch in engine.batches(tasks):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -28,7 +29,7 @@ from envace.policy.models import add_lora, load_policy
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.rollout import RolloutEngine
 from envace.store import Run
-from envace.training.grpo import backward, grpo_step, role_advantages
+from envace.training.grpo import backward, grpo_step, pack, role_advantages
 from envace.training.rows import episode_rows, reference_rows
 from envace.types import Role
 
@@ -43,6 +44,51 @@ def _save_state(run: Run, model, optimizer, next_step: int) -> None:
     tmp = run.path / f".state.{os.getpid()}.partial"
     torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer.state_dict()}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
+
+
+_FIDELITY = ("valid_json", "exact", "structure_f1", "value_acc", "error_agree")
+
+
+def evaluate(backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank) -> dict[str, float]:
+    """Greedy episodes on the first `eval_limit` test tasks: official success, checklist, well-formed
+    calls, and the fidelity of the rehearser (run as a shadow) against the real environment."""
+    rollout = cfg.evaluation()
+    engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
+    episodes = engine.run_batch([(t, 0) for t in bench.load_tasks(cfg.category, "test", cfg.eval_limit)])
+    summary = engine.run_summary(episodes)
+    pairs = [p for ep in episodes for p in ep.pairs if p["rehearsed_response"] is not None]
+    out = {k: summary[k] for k in ("success_rate", "checklist", "well_formed_rate", "parse_error_rate")}
+    out["pairs"] = sum(len(ep.pairs) for ep in episodes)
+    out["rehearsal_error_rate"] = 1 - len(pairs) / out["pairs"] if out["pairs"] else 0.0
+    out.update({k: sum(p[k] or 0.0 for p in pairs) / out["pairs"] for k in _FIDELITY if out["pairs"]})
+    return out
+
+
+def _evaluate_at(updates: int, backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank, run: Run, model,
+                 say: Callable[[str], None]) -> None:
+    model.eval()
+    backend.clear_caches()
+    scores = evaluate(backend, bench, cfg, bank)
+    run.write("metrics", f"eval-{updates:05d}", _metric_rows(run, updates, "eval", {"all": scores}))
+    say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist {scores['checklist']:.3f}, "
+        f"well-formed {scores['well_formed_rate']:.2f}, rehearsal exact {scores.get('exact', 0.0):.2f} "
+        f"over {scores['pairs']} pairs")
+
+
+def _chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int]]]:
+    """Whole packs per SFT step, at least `rows_per_step` rows each (a pack is never split)."""
+    chunks: list[list[list[int]]] = [[]]
+    for pk in packs:
+        if sum(len(p) for p in chunks[-1]) >= rows_per_step:
+            chunks.append([])
+        chunks[-1].append(pk)
+    return [c for c in chunks if c]
+
+
+def _eta(started: float, done: int, total: int) -> str:
+    elapsed = time.perf_counter() - started
+    left = elapsed / done * (total - done) if done else 0.0
+    return f"{elapsed / 60:.1f} min elapsed, ETA {left / 60:.1f} min"
 
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
@@ -66,24 +112,27 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
         rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo,
-                                          bank) if r.role in cfg.trained_roles]
-        say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s)")
+                                          bank, cfg.tool_docs) if r.role in cfg.trained_roles]
+        say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
+            f"tasks, {cfg.sft_epochs} epoch(s)")
         sft_optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
-        order, step = list(range(len(rows))), 0
+        packs, step, started = pack(rows), 0, time.perf_counter()
         for epoch in range(cfg.sft_epochs):
-            random.Random(cfg.seed + epoch).shuffle(order)
+            random.Random(cfg.seed + epoch).shuffle(packs)
             losses = []
             model.train()
-            for i in range(0, len(order), cfg.rows_per_step):
-                chunk = [rows[j] for j in order[i: i + cfg.rows_per_step]]
+            for chunk in _chunks(packs, cfg.rows_per_step):
+                batch = [rows[j] for pk in chunk for j in pk]
                 sft_optimizer.zero_grad(set_to_none=True)
-                stats = backward(model, chunk, [1.0] * len(chunk), pad)  # every advantage 1: the NLL
+                stats = backward(model, batch, [1.0] * len(batch), pad)  # every advantage 1: the NLL
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 sft_optimizer.step()
                 losses.append(stats["loss"])
                 run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
                     "nll": stats["loss"], "tokens": stats["tokens"], "epoch": epoch}}))
                 step += 1
+                total = cfg.sft_epochs * len(_chunks(packs, cfg.rows_per_step))
+                say(f"  SFT step {step}/{total}: NLL {stats['loss']:.3f}; {_eta(started, step, total)}")
             say(f"  epoch {epoch + 1}: mean completion NLL {sum(losses) / len(losses):.3f}")
             summary[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
         run.update(summary=summary)
@@ -91,11 +140,14 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         _save_state(run, model, optimizer, 0)
 
     backend = HFBackend(model, tok)
+    if cfg.eval_every and start == 0:
+        _evaluate_at(0, backend, bench, cfg, bank, run, model, say)
+    started = time.perf_counter()
     for step in range(start, cfg.grpo_steps):
         tasks = random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step)
         model.eval()
         backend.clear_caches()  # cached keys and values belong to the weights before the last update
-        rollout = replace(cfg.rollout(), seed=cfg.seed * 7919 + step)
+        rollout = replace(cfg.rollout(step), seed=cfg.seed * 7919 + step)
         engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
         scored = [(ep, engine.episode_row(ep)) for ep in episodes]
@@ -113,6 +165,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
                                         "adv_mean": adv.mean().item(), "adv_abs_mean": adv.abs().mean().item(),
                                         "tokens": sum(len(rows[i].completion_ids) for i in picked)}
         per_role["all"].update(checklist_mean=sum(r["checklist"] for _, r in scored) / len(scored),
+                               real_fraction=rollout.real_fraction,
                                rehearsal_errors=sum(r["n_rehearsal_errors"] for _, r in scored),
                                parse_errors=sum(r["n_parse_errors"] for _, r in scored))
         shard = f"step-{step:05d}"
@@ -122,7 +175,10 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         run.write("turns", shard, [{**key, **t} for ep in episodes for t in ep.turns])
         say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
             f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
-            + (" (skipped: non-finite)" if stats["skipped"] else ""))
+            + (" (skipped: non-finite)" if stats["skipped"] else "")
+            + f"; {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
+        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
+            _evaluate_at(step + 1, backend, bench, cfg, bank, run, model, say)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
             _save_state(run, model, optimizer, step + 1)
     out = run.path / "checkpoint"
