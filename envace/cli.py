@@ -296,6 +296,11 @@ def cmd_check_env(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from envace import bench
 
+    if args.what == "train":
+        from envace.training.benchmark import bench_train
+
+        bench_train(model=args.model, tasks=args.limit, console=_console())
+        return 0
     run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
     run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
     return 0
@@ -349,9 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_env)
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
-    p.add_argument("what", choices=["rollout", "rehearsal"])
+    p.add_argument("what", choices=["rollout", "rehearsal", "train"])
     p.add_argument("--model", default="default")
-    p.add_argument("--limit", type=int, default=2, help="BFCL test episodes (= batch size)")
+    p.add_argument("--limit", type=int, default=2,
+                   help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
+                        "whose reference rows form the batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.set_defaults(func=cmd_bench)
     return parser

@@ -149,3 +149,20 @@ def test_rehearsal_parses_any_json_value():
     assert parse_execution_result('<execution_result>\n{"b": [1, "ü"]}\n</execution_result>').value == {"b": [1, "ü"]}
     assert parse_execution_result("<execution_result>null</execution_result>").error is None
     assert json.loads("null") is parse_execution_result("<execution_result>null</execution_result>").value
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_dyna_mix_sends_that_share_of_calls_to_the_real_environment(bfcl, reference_policy, fraction):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=3)
+    episodes = _engine(reference_policy(tasks), bfcl, mode="rehearse", real_fraction=fraction,
+                       seed=1).run_batch([(t, 0) for t in tasks])
+    calls = [c for ep in episodes for c in ep.calls]
+    real = [c for c in calls if c["source"] == "real"]
+    rehearsals = sum(t["role"] == "rehearser" for ep in episodes for t in ep.turns)
+    assert sum(ep.env.executions for ep in episodes) == len(real)  # the environment sees only its share
+    assert rehearsals == len(calls) - len(real)  # every other call is rehearsed, none twice
+    if fraction in (0.0, 1.0):
+        assert len(real) == fraction * len(calls)
+    else:
+        assert 0 < len(real) < len(calls)
+    assert not any(ep.pairs for ep in episodes)  # a mix is not a shadow: nothing answered twice

@@ -85,3 +85,16 @@ def test_group_rollouts_are_separate_episodes(bfcl, reference_policy):
     episodes = engine.run_batch(batch)
     assert [ep.group_index for ep in episodes] == [0, 1, 2]
     assert len({id(ep.env) for ep in episodes}) == 3
+
+
+def test_compact_tool_docs_shrink_the_prompt_and_keep_every_tool(bfcl, tiny):
+    from envace.rehearsal.prompts import ChatRenderer, compact_tool
+
+    task = bfcl.load_tasks("multi_turn_base", "train", limit=1)[0]
+    full, compact = ChatRenderer(tiny[1]), ChatRenderer(tiny[1], "compact")
+    assert len(compact.opening(task)) < 0.6 * len(full.opening(task))
+    text = tiny[1].decode(compact.opening(task))
+    assert all(t["function"]["name"] in text for t in task.tools)
+    cd = compact_tool(next(t for t in task.tools if t["function"]["name"] == "cd"))
+    assert cd == {"name": "cd", "description": "Change the current working directory to the specified folder.",
+                  "arguments": {"folder": "string"}}

@@ -153,3 +153,28 @@ def test_caller_only_needs_lora():
 
     with pytest.raises(UsageError, match="needs lora"):
         TrainConfig(model="tiny", variant="caller_only").validate()
+
+
+def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
+    from envace.store import connect
+
+    root = str(tmp_path)
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "dyna", "--set", "eval_every=1",
+                 "--set", "eval_limit=1", "--set", "real_fraction=0.0", "--set", "real_fraction_end=1.0",
+                 "--set", "rehearser.max_new_tokens=8"]) == 0
+    con = connect(root)
+    evals = con.execute("SELECT step, name, value FROM metrics WHERE phase = 'eval' ORDER BY step").fetchall()
+    assert sorted({s for s, _, _ in evals}) == [0, 1, 2]  # before GRPO, then after every update
+    assert {"success_rate", "checklist", "well_formed_rate", "pairs"} <= {n for _, n, _ in evals}
+    fractions = con.execute("SELECT value FROM metrics WHERE phase = 'grpo' AND name = 'real_fraction' "
+                            "ORDER BY step").fetchall()
+    assert [f for (f,) in fractions] == [0.0, 1.0]
+    first, last = con.execute("SELECT sum(env_executions), sum(n_calls) FROM episodes GROUP BY batch "
+                              "ORDER BY batch").fetchall()
+    assert first[0] == 0 and last[0] == last[1]  # rehearsed world first, the real one at the end
+
+
+def test_set_overrides_are_validated_like_the_file(tmp_path):
+    for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "group_size=0"], ["--set", "rehearser.x=1"]):
+        assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), *bad]) == 2
+    assert not list(tmp_path.iterdir())

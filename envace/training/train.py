@@ -117,11 +117,13 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             f"tasks, {cfg.sft_epochs} epoch(s)")
         sft_optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
         packs, step, started = pack(rows), 0, time.perf_counter()
-        for epoch in range(cfg.sft_epochs):
-            random.Random(cfg.seed + epoch).shuffle(packs)
+        epochs = [_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
+                  for e in range(cfg.sft_epochs)]
+        total = sum(len(chunks) for chunks in epochs)
+        for epoch, chunks in enumerate(epochs):
             losses = []
             model.train()
-            for chunk in _chunks(packs, cfg.rows_per_step):
+            for chunk in chunks:
                 batch = [rows[j] for pk in chunk for j in pk]
                 sft_optimizer.zero_grad(set_to_none=True)
                 stats = backward(model, batch, [1.0] * len(batch), pad)  # every advantage 1: the NLL
@@ -131,7 +133,6 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
                 run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
                     "nll": stats["loss"], "tokens": stats["tokens"], "epoch": epoch}}))
                 step += 1
-                total = cfg.sft_epochs * len(_chunks(packs, cfg.rows_per_step))
                 say(f"  SFT step {step}/{total}: NLL {stats['loss']:.3f}; {_eta(started, step, total)}")
             say(f"  epoch {epoch + 1}: mean completion NLL {sum(losses) / len(losses):.3f}")
             summary[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
