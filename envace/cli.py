@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, fields
 from typing import Any
 
-from envace.config import RolloutConfig, from_dict, load_toml
+from envace.config import PrivateOptions, RolloutConfig, from_dict, load_toml
 from envace.errors import UsageError
 from envace.paths import runs_root
 
@@ -39,12 +39,20 @@ _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model"
                   "decision_sample", "tool_docs")
 
 
+# flag → field of [rollout.private]
+_PRIVATE_FLAGS = {"rehearsal": "mode", "budget": "budget", "rehearsal_scope": "scope",
+                  "rehearsal_steps": "max_steps", "measure_change": "measure_change"}
+
+
 def _rollout_config(args: argparse.Namespace) -> RolloutConfig:
     data: dict[str, Any] = {}
     if args.config:
         raw = load_toml(args.config)
         data.update(raw.get("rollout", raw))
     data.update({k: getattr(args, k) for k in _ROLLOUT_FLAGS if getattr(args, k) is not None})
+    private = {key: getattr(args, flag) for flag, key in _PRIVATE_FLAGS.items() if getattr(args, flag) is not None}
+    if private:
+        data["private"] = {**data.get("private", {}), **private}
     return from_dict(RolloutConfig, data, where=args.config or "rollout")
 
 
@@ -61,6 +69,7 @@ def summary_table(title: str, summary: dict[str, Any]):
         ("well-formed-call rate", f"{summary.get('well_formed_rate', 0.0):.1%} of caller messages"),
         ("generated tokens/s", f"{summary['tokens_per_s']:.1f} ({summary['generated_tokens']} tokens)"),
         ("pairs (real vs rehearsed)", f"{summary.get('pairs', 0)}"),
+        ("private-rehearsal tokens", f"{summary.get('private_tokens', 0)}"),
         ("terminations", ", ".join(f"{k} {v}" for k, v in sorted(summary["terminations"].items()))),
         ("wall time", f"{summary['wall_s']:.0f} s"),
     ]
@@ -69,7 +78,8 @@ def summary_table(title: str, summary: dict[str, Any]):
     return table
 
 
-def cmd_rollout(args: argparse.Namespace) -> int:
+def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, backend=None):
+    """Play `cfg`'s episodes into a new run with progress lines; returns (run, summary)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from envace.envs import registry
@@ -77,23 +87,22 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from envace.rehearsal.rollout import RolloutEngine
     from envace.store import Run
 
-    cfg = _rollout_config(args)
-    console = _console()
     bench = registry.get(cfg.env)
     tasks = bench.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
     if not tasks:
         raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
-    console.print(f"[bold]rollout[/] {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × "
-                  f"{cfg.group_size}, mode {cfg.mode}, model {cfg.model}")
-    console.print("loading model …")
-    backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
-    root = runs_root(args.root)
+    private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
+    console.print(f"[bold]{kind}[/] {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × "
+                  f"{cfg.group_size}, mode {cfg.mode}{private}, model {cfg.model}")
+    if backend is None:
+        console.print("loading model …")
+        backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
     examples = None
-    if cfg.caller_demo or (cfg.mode != "real" and cfg.rehearser.fewshot == "other_tasks"):
+    if cfg.caller_demo or cfg.rehearser.fewshot == "other_tasks":
         from envace.rehearsal.examples import ExampleBank
 
         examples = ExampleBank(bench.load_tasks(cfg.category, "train"))
-    run = Run.create(root, "rollout", asdict(cfg), cfg.model, args.run_name)
+    run = Run.create(root, kind, asdict(cfg), cfg.model, run_name)
     engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples)
     total = len(tasks) * cfg.group_size
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -120,9 +129,86 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         with run.running():
             summary = engine.run(tasks, run, on_episode).as_dict()
     run.update(status="completed", summary=summary)
+    return run, summary
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    cfg = _rollout_config(args)
+    console = _console()
+    run, summary = play(cfg, runs_root(args.root), args.run_name, getattr(args, "kind", "rollout"), console)
     console.print(summary_table(f"{run.run_id}", summary))
     console.print(f"stored in {run.path}")
     console.print(f"next: [bold]envace show {run.run_id}[/]" + (f" --root {args.root}" if args.root else ""))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """`envace eval CHECKPOINT|default`: a rollout of the test split (by default) stored as an eval run."""
+    if args.model is not None:
+        raise UsageError("envace eval takes the model as its first argument, not --model")
+    args.model, args.kind = args.checkpoint, "eval"
+    return cmd_rollout(args)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Private-rehearsal budget grid × modes × models, one eval run per cell, one table."""
+    import shutil
+    from dataclasses import replace
+
+    from rich.table import Table
+
+    from envace.config import PrivateOptions
+    from envace.policy.hf import HFBackend
+    from envace.rehearsal import sweep
+    from envace.store import Run, check_run_id
+
+    if args.model or args.rehearsal or args.budget is not None:
+        raise UsageError("envace sweep sets the model and the rehearsal per cell: use --models, --modes, --budgets")
+    models, modes, budgets = sweep.parse_grid(args.models.split(","), args.modes, args.budgets)
+    base = _rollout_config(args)
+    name = check_run_id(args.name)
+    root = runs_root(args.root)
+    console = _console()
+    grid = sweep.cells(models, modes, budgets)
+    configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget))
+               for c in grid]
+    for cfg in configs:  # every cell's config is valid before the first one runs
+        cfg.private.validate()
+        cfg.validate()
+    table_run = Run(root, name) if (root / name / "run.json").exists() else Run.create(
+        root, "sweep", {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}, "", name)
+    rows, backends = [], {}
+    for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
+        run_name = cell.run_name(name)
+        meta_path = root / run_name / "run.json"
+        if meta_path.exists():
+            from envace.store import get_run
+
+            meta = get_run(root, run_name)
+            if meta.get("status") == "completed":
+                console.print(f"cell {n}/{len(grid)} {run_name}: done already, kept")
+                rows.append(sweep.cell_row(name, cell, run_name, meta.get("summary") or {}))
+                continue
+            shutil.rmtree(root / run_name)  # an unfinished cell is redone from scratch
+        console.print(f"cell {n}/{len(grid)} {run_name}")
+        if cell.model not in backends:
+            backends.clear()  # one model in memory at a time
+            backends[cell.model] = HFBackend.load(cell.model, cfg.max_batch_tokens)
+        backends[cell.model].clear_caches()
+        _, summary = play(cfg if cfg.private.active else replace(cfg, private=PrivateOptions()), root, run_name,
+                          "eval", console, backends[cell.model])
+        rows.append(sweep.cell_row(name, cell, run_name, summary))
+        sweep.write_table(table_run, rows)
+    sweep.write_table(table_run, rows)
+    table_run.update(status="completed", summary={"cells": len(rows)})
+    table = Table("model", "mode", "N", "episodes", "success", "checklist", "well-formed",
+                  "private tokens / episode", "s / episode", title=f"sweep {name}")
+    for r in rows:
+        table.add_row(r["label"], r["mode"], str(r["budget"]), str(r["episodes"]), f"{r['success_rate']:.1%}",
+                      f"{r['checklist']:.3f}", f"{r['well_formed_rate']:.1%}",
+                      f"{r['private_tokens_per_episode']:.0f}", f"{r['wall_s_per_episode']:.0f}")
+    console.print(table)
+    console.print(f"table: {table_run.path / 'sweep.csv'}")
     return 0
 
 
@@ -162,7 +248,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = from_dict(TrainConfig, _overridden(raw["train"], args.set), where=f"{args.config} [train]")
     console = _console()
     root = runs_root(args.root)
-    if args.resume:
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not (args.run_name or args.resume):
+        raise UsageError("training with several processes needs --run-name (every process writes to that run)")
+    if rank > 0:  # process 0 creates or reopens the run; the others join it
+        from envace.training.distributed import wait_for
+
+        name = args.resume or args.run_name
+        wait_for(root / name / "run.json")
+        run = Run(root, name)
+    elif args.resume:
         meta = get_run(root, args.resume)
         stored = {k: v for k, v in meta.get("config", {}).items() if k != "grpo_steps"}
         if meta.get("kind") != "train" or stored != {k: v for k, v in asdict(cfg).items() if k != "grpo_steps"}:
@@ -171,11 +266,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         run.update(status="running", pid=os.getpid(), config=asdict(cfg))
     else:
         run = Run.create(root, "train", asdict(cfg), cfg.model, args.run_name)
-    console.print(f"[bold]train[/] {args.config} → {run.path}")
+    console.print(f"[bold]train[/] {args.config} → {run.path}" + (f" (process {rank} of {world})" if world > 1 else ""))
     with run.running():
         summary = train(cfg, run, console.print, resume=bool(args.resume))
-    run.update(status="completed", summary=summary)
-    console.print(f"next: envace rollout --model {summary['checkpoint']} --limit 4")
+    if rank == 0:
+        run.update(status="completed", summary=summary)
+        console.print(f"next: envace eval {summary['checkpoint']} --limit 4")
     return 0
 
 
@@ -315,6 +411,12 @@ def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
     for name in _ROLLOUT_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=types.get(name, str), default=None,
                        help=help_of[name])
+    private = {f.name: f.metadata.get("help", "") for f in fields(PrivateOptions)}
+    p.add_argument("--rehearsal", default=None, help="private rehearsal: " + private["mode"])
+    p.add_argument("--budget", type=int, default=None, help=private["budget"])
+    p.add_argument("--rehearsal-scope", default=None, help=private["scope"])
+    p.add_argument("--rehearsal-steps", type=int, default=None, help=private["max_steps"])
+    p.add_argument("--measure-change", action="store_const", const=True, default=None, help=private["measure_change"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,6 +432,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
     _add_rollout_flags(p)
     p.set_defaults(func=cmd_rollout)
+
+    p = with_root(sub.add_parser("eval", help="evaluate a checkpoint (or `default`) on benchmark episodes"))
+    p.add_argument("checkpoint", help="a checkpoint folder (e.g. runs/<run>/checkpoint), `default` or `tiny`")
+    p.add_argument("--config", default=None, help="TOML file with a [rollout] table; flags override it")
+    p.add_argument("--run-name", default=None)
+    _add_rollout_flags(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = with_root(sub.add_parser("sweep", help="private-rehearsal budget sweep: grid × modes × models → one table"))
+    p.add_argument("--name", required=True, help="sweep name: its table's run and the prefix of its cell runs")
+    p.add_argument("--models", default="base=default",
+                   help="comma-separated LABEL=SPEC models, e.g. base=default,trained=runs/x/checkpoint")
+    p.add_argument("--budgets", default="0,1,2,4,8", help="comma-separated N")
+    p.add_argument("--modes", default="parallel,sequential")
+    p.add_argument("--config", default=None, help="TOML file with a [rollout] table (episodes, rehearser, ...)")
+    _add_rollout_flags(p)
+    p.set_defaults(func=cmd_sweep)
 
     p = with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
     p.add_argument("config", help="TOML file with a [train] table")

@@ -48,6 +48,36 @@ class RehearserOptions:
 
 
 @dataclass
+class PrivateOptions:
+    """Test-time private rehearsal: imagined attempts in the rehearsed world, condensed into a memory,
+    before one committed real execution (`envace.rehearsal.private`)."""
+
+    mode: str = doc("none | parallel (N independent attempts, one summary) | sequential (attempt k sees the "
+                    "memory of attempts 1..k-1 and revises it)", "none")
+    budget: int = doc("imagined attempts N per rehearsed turn; 0 is exactly the plain policy", 0)
+    scope: str = doc("turn (rehearse each user turn before it) | episode (rehearse the whole scripted episode "
+                     "once, before the first turn)", "turn")
+    max_steps: int = doc("caller messages per user turn in an imagined attempt", 2)
+    memory_tokens: int = doc("token budget of the rehearsal memory the summariser writes", 96)
+    temperature: float = doc("sampling temperature of imagined attempts (parallel attempts need > 0 to differ)",
+                             1.0)
+    measure_change: bool = doc("also generate the committed turn's first action without the memory (greedy) and "
+                               "record whether the memory changed it", False)
+
+    def validate(self) -> None:
+        _choice("private.mode", self.mode, ["none", "parallel", "sequential"])
+        _choice("private.scope", self.scope, ["turn", "episode"])
+        if self.budget < 0:
+            raise UsageError(f"private.budget must be >= 0, got {self.budget}")
+        if self.max_steps < 1 or self.memory_tokens < 1 or self.temperature < 0:
+            raise UsageError("private.max_steps and private.memory_tokens must be >= 1, private.temperature >= 0")
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none" and self.budget > 0
+
+
+@dataclass
 class RolloutConfig:
     """One rollout job: a model plays episodes of one benchmark category."""
 
@@ -74,6 +104,8 @@ class RolloutConfig:
                          "full")
     real_fraction: float = doc("rehearse mode: share of calls the real environment answers instead (Dyna-style mix)",
                                0.0)
+    private: PrivateOptions = field(default_factory=PrivateOptions,
+                                    metadata={"help": "test-time private rehearsal before committed turns"})
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
@@ -100,6 +132,10 @@ class RolloutConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise UsageError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         self.rehearser.validate()
+        self.private.validate()
+        if self.private.active and self.rehearser.fewshot == "reference" and self.split != Split.TRAIN:
+            raise UsageError("private rehearsal on test tasks must not see their reference results: "
+                             "set rehearser.fewshot = \"other_tasks\" (or \"none\")")
         from envace.policy.models import check_model_spec
 
         check_model_spec(self.model)
@@ -157,6 +193,7 @@ class TrainConfig:
     """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world."""
 
     model: str = doc("`default`, `tiny`, or a local model path", "default")
+    dtype: str = doc("weights' dtype: float32 (CPU) | bfloat16 (GPU)", "float32")
     env: str = doc("benchmark name", "bfcl")
     category: str = doc("benchmark category (train split only)", "multi_turn_base")
     seed: int = doc("seed for sampling and task order", 0)
@@ -205,6 +242,7 @@ class TrainConfig:
             if value is not None and not 0 <= value <= 1:
                 raise UsageError(f"real_fraction and real_fraction_end must be in [0, 1], got {value}")
         _choice("variant", self.variant, ["envace", "caller_only", "real_env"])
+        _choice("dtype", self.dtype, ["float32", "bfloat16", "float16"])
         if self.variant == "caller_only" and not self.lora:
             raise UsageError("variant caller_only needs lora = true: the frozen rehearser is the base model "
                              "with the caller's adapters switched off")

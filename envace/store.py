@@ -48,6 +48,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("env_executions", pa.int32()),   # calls the real environment executed (0 in rehearse mode)
         ("prompt_tokens", pa.int32()),    # the first caller prompt
         ("generated_tokens", pa.int32()),
+        ("private_tokens", pa.int32()),   # private rehearsal: tokens of every role over all rehearsed turns
+        ("imagined_steps", pa.int32()),   # private rehearsal: imagined caller messages over all rehearsed turns
         ("context_ids", pa.list_(pa.int32())),  # final caller context; turns.prompt_len indexes into it
         ("wall_s", pa.float64()),
     ]),
@@ -72,6 +74,34 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("name", pa.string()), ("arguments", pa.string()),  # arguments as JSON
         ("source", pa.string()),          # real | rehearsed: who wrote the response the caller saw
         ("response", pa.string()), ("is_error", pa.bool_()), ("error_kind", pa.string()),
+    ]),
+    # One row per privately rehearsed turn: the memory the committed turn saw, and what it cost.
+    "memories": pa.schema(_KEY + [
+        ("turn", pa.int32()),
+        ("mode", pa.string()), ("budget", pa.int32()), ("scope", pa.string()),  # parallel|sequential, N, turn|episode
+        ("memory", pa.string()),          # appended to the user's message of the committed turn ("" = none)
+        ("memory_error", pa.string()),    # None, or why a summary was not usable (empty_memory, tool_call_in_memory)
+        ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()), ("summariser_tokens", pa.int32()),
+        ("imagined_steps", pa.int32()),   # caller messages over all imagined attempts
+        ("wall_s", pa.float64()),         # the batched rehearsal phase's wall time, divided by its episodes
+        ("decision_changed", pa.bool_()),  # greedy first action differs without the memory (when measured)
+    ]),
+    # One row per imagined attempt, linked to the committed turn it informed by (episode_id, turn).
+    "imagined": pa.schema(_KEY + [
+        ("turn", pa.int32()), ("attempt", pa.int32()), ("round", pa.int32()),
+        ("memory_seen", pa.string()),     # sequential: the memory of the attempts before it
+        ("transcript", pa.string()),      # the imagined turn: Assistant / Tool[name] / User lines
+        ("termination", pa.string()), ("n_steps", pa.int32()), ("n_calls", pa.int32()),
+        ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()),
+    ]),
+    # One row per cell of a private-rehearsal budget sweep (`envace sweep`); each cell is its own eval run.
+    "sweep": pa.schema([
+        ("run_id", pa.string()),          # the sweep
+        ("label", pa.string()), ("model", pa.string()),  # e.g. base / trained, and the model spec
+        ("mode", pa.string()), ("budget", pa.int32()),  # none (N = 0) | parallel | sequential; N
+        ("cell_run", pa.string()), ("episodes", pa.int32()),
+        ("success_rate", pa.float64()), ("checklist", pa.float64()), ("well_formed_rate", pa.float64()),
+        ("private_tokens_per_episode", pa.float64()), ("wall_s_per_episode", pa.float64()),
     ]),
     # One row per (step, phase, role, metric) of a training run: long format, easy to plot and filter.
     "metrics": pa.schema([

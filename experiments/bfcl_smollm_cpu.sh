@@ -7,14 +7,17 @@ CONFIG=experiments/bfcl_smollm_cpu.toml
 ROOT=${ENVACE_RUNS:-runs}
 TAG=${TAG:-cpu}
 envace() { .venv/bin/envace "$@"; }
+# A re-run skips every step whose run already completed.
+done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
-envace rollout --config "$CONFIG" --model default --run-name "eval-base-$TAG"
-envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0 --set eval_every=0
+done_run "eval-base-$TAG" || envace eval default --config "$CONFIG" --run-name "eval-base-$TAG"
+done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0 --set eval_every=0
 SFT="$ROOT/sft-$TAG/checkpoint"
-envace rollout --config "$CONFIG" --model "$SFT" --run-name "eval-sft-$TAG"
+done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
 for VARIANT in envace caller_only real_env; do
-  envace train "$CONFIG" --run-name "$VARIANT-$TAG" --set model=\""$SFT"\" --set sft_tasks=0 \
-    --set variant="$VARIANT" --set eval_every=0
-  envace rollout --config "$CONFIG" --model "$ROOT/$VARIANT-$TAG/checkpoint" --run-name "eval-$VARIANT-$TAG"
+  done_run "$VARIANT-$TAG" || envace train "$CONFIG" --run-name "$VARIANT-$TAG" --set model=\""$SFT"\" \
+    --set sft_tasks=0 --set variant="$VARIANT" --set eval_every=0
+  done_run "eval-$VARIANT-$TAG" || envace eval "$ROOT/$VARIANT-$TAG/checkpoint" --config "$CONFIG" \
+    --run-name "eval-$VARIANT-$TAG"
 done
 envace runs

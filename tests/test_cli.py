@@ -111,3 +111,14 @@ def test_shadow_rollout_and_fidelity_table(tmp_path, capsys):
     capsys.readouterr()
     assert main(["fidelity", "plain", "--root", root]) == 0
     assert "has no pairs" in capsys.readouterr().out
+
+
+def test_eval_stores_an_eval_run_of_the_test_split(tmp_path, capsys):
+    root = str(tmp_path)
+    assert main(["eval", "tiny", "--limit", "1", "--max-new-tokens", "4", "--max-steps-per-turn", "1",
+                 "--root", root, "--run-name", "ev"]) == 0
+    assert "well-formed-call rate" in capsys.readouterr().out
+    con = connect(root)
+    assert con.execute("SELECT kind FROM runs WHERE run_id = 'ev'").fetchall() == [("eval",)]
+    assert con.execute("SELECT DISTINCT split FROM episodes").fetchall() == [("test",)]
+    assert main(["eval", "tiny", "--model", "default", "--root", root]) == 2

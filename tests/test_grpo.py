@@ -113,3 +113,21 @@ def test_non_finite_loss_skips_the_step(tiny):
     stats = grpo_step(broken, torch.optim.AdamW(model.parameters()), rows, role_advantages(rows), tok.pad_token_id)
     assert stats["skipped"]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_gradients_of_shares_sum_to_the_whole_batch(tiny):
+    """Data parallelism's premise: shares normalised by the global row count add up to the full gradient."""
+    model, tok = tiny
+    rows = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "caller", [1, 5, 7, 9, 11, 4], [12], 1.0),
+            Row("B", "rehearser", [1, 4, 6], [8, 3], 0.0), Row("B", "caller", [2, 5], [10, 2, 2], 0.0)]
+    advantages = [0.5, 0.5, -1.0, 0.25]
+
+    def grads(shares):
+        model.zero_grad()
+        for share in shares:
+            backward(model, [rows[i] for i in share], [advantages[i] for i in share], tok.pad_token_id,
+                     total_rows=len(rows))
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    whole, split = grads([[0, 1, 2, 3]]), grads([[0, 1], [2, 3]])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split, strict=True))

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from envace.cli import main
@@ -178,3 +180,38 @@ def test_set_overrides_are_validated_like_the_file(tmp_path):
     for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "group_size=0"], ["--set", "rehearser.x=1"]):
         assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), *bad]) == 2
     assert not list(tmp_path.iterdir())
+
+
+def test_two_processes_train_one_model_under_torchrun(tmp_path):
+    """`accelerate launch` / torchrun: each process plays its share of the tasks, one run, one checkpoint."""
+    import subprocess
+    import sys
+
+    from envace.store import connect
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "envace.cli"]
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "dp",
+            "--set", "tasks_per_step=2", "--set", "sft_tasks=2"]
+    done = subprocess.run(torchrun + args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "process 1 of 2" in done.stdout and (tmp_path / "dp" / "checkpoint" / "config.json").exists()
+    con = connect(tmp_path)
+    shards = con.execute("SELECT batch, count(DISTINCT task_uid), count(*) FROM episodes GROUP BY batch").fetchall()
+    assert [(b, tasks) for b, tasks, _ in sorted(shards)] == [(0, 2), (1, 2)]  # both processes' tasks stored
+    assert con.execute("SELECT status FROM runs WHERE run_id = 'dp'").fetchall() == [("completed",)]
+
+
+@pytest.mark.parametrize("path", sorted(Path("experiments").glob("*.toml")), ids=lambda p: p.name)
+def test_every_experiment_config_validates(path):
+    from envace.config import RolloutConfig, TrainConfig, from_dict, load_toml
+    from envace.errors import UsageError
+
+    raw = load_toml(path)
+    for table, cls in (("rollout", RolloutConfig), ("train", TrainConfig)):
+        if table in raw:
+            data = dict(raw[table])
+            if data.get("model", "default") not in ("default", "tiny"):  # a GPU model absent from this machine
+                with pytest.raises(UsageError, match="no network here"):
+                    from_dict(cls, data)
+                data["model"] = "tiny"
+            from_dict(cls, data, where=f"{path} [{table}]")

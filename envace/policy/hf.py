@@ -101,7 +101,7 @@ class HFBackend:
 
         assert self.caches is not None
         cache = self.caches[params.frozen]
-        result = self._run(torch.tensor([prompt]), None, params, cache=cache.take(prompt))
+        result = self._run(torch.tensor([prompt], device=self.model.device), None, params, cache=cache.take(prompt))
         gen = self._finish(result, len(prompt), 0, params)
         cache.put(prompt + gen.ids, result.cache)
         return gen
@@ -113,7 +113,7 @@ class HFBackend:
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        result = self._run(input_ids, attention, params)
+        result = self._run(input_ids.to(self.model.device), attention.to(self.model.device), params)
         return [self._finish(result, width, row, params) for row in range(len(prompts))]
 
     def _finish(self, result, width: int, row: int, params: SamplingParams) -> Generation:

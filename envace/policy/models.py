@@ -114,6 +114,8 @@ def load_policy(spec: str, dtype: str = "float32"):
     where = resolve_model(spec)
     tok = AutoTokenizer.from_pretrained(where)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype))
+    if torch.cuda.is_available():  # one GPU per process; `accelerate launch` sets LOCAL_RANK
+        model.to(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
     return model.eval(), prepare_tokenizer(tok)
 
 

@@ -2,7 +2,8 @@
 
 As caller it reads the prompt it is given (rendered by our own `ChatRenderer`), recovers the user
 turn and step, and emits that step's ground-truth call, or "Done." once the turn's calls are made.
-As rehearser it answers a call with the real result of the matching reference call. Running the
+As rehearser it answers a call with the real result of the matching reference call; as summariser
+it writes a memory naming what it was written from. Running the
 rollout engine with it yields exactly the rows a perfect policy would produce, token for token in
 the engine's own prompts: SFT data for the warm-up, and an end-to-end check of engine, environment
 and checker.
@@ -17,6 +18,8 @@ from envace.policy.backend import Generation, SamplingParams
 from envace.types import Task
 
 _CALL_HEADER = "## Call to simulate\n"
+_ATTEMPT_HEADER = "## Imagined attempt"
+_MEMORY = "\n\n<rehearsal_memory>"
 
 
 class ReferencePolicy:
@@ -33,7 +36,7 @@ class ReferencePolicy:
     def _caller(self, text: str) -> str:
         if self.caller_text is not None:
             return self.caller_text
-        blocks = [b[len("user\n"):].split("<|im_end|>")[0]
+        blocks = [b[len("user\n"):].split("<|im_end|>")[0].split(_MEMORY)[0]
                   for b in text.split("<|im_start|>") if b.startswith("user\n")]
         users = [i for i, b in enumerate(blocks) if not b.startswith("<tool_response>")]
         # the task's own first turn is the last one seen (a caller demonstration may come before it)
@@ -54,13 +57,23 @@ class ReferencePolicy:
                     return render_execution_result(as_json_value(ref.result.content))
         return render_execution_result({"error": "no such call in the reference"})
 
+    @staticmethod
+    def _summariser(text: str) -> str:
+        """A memory that says what it was written from: the attempts it saw and the memory it revised."""
+        attempts = text.count(_ATTEMPT_HEADER)
+        before = text.split("## Memory so far\n", 1)[1].split("\n\n")[0] if "## Memory so far\n" in text else ""
+        return f"[{before}] + {attempts} attempt(s)" if before else f"{attempts} attempt(s)"
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.calls += 1
         self.prompts.extend(prompts)
         out = []
         for prompt in prompts:
             text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-            reply = self._rehearser(text) if _CALL_HEADER in text else self._caller(text)
+            if _ATTEMPT_HEADER in text:
+                reply = self._summariser(text)
+            else:
+                reply = self._rehearser(text) if _CALL_HEADER in text else self._caller(text)
             ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end]
             out.append(Generation(ids=ids, text=reply, finish="stop"))
         return out

@@ -40,6 +40,13 @@ def compact_tool(tool: dict[str, Any]) -> dict[str, Any]:
             "arguments": arguments}
 
 
+def with_memory(text: str, memory: str) -> str:
+    """The user's message followed by the private-rehearsal memory, marked as imagined."""
+    if not memory:
+        return text
+    return f"{text}\n\n<rehearsal_memory>\n{memory}\n</rehearsal_memory>"
+
+
 class ChatRenderer:
     """Renders a task's opening prompt and later message deltas into token ids.
 
@@ -64,11 +71,11 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def opening(self, task: Task, demonstration: list[dict[str, Any]] | None = None) -> list[int]:
-        """System prompt with the task's tools, an optional worked example, the first user turn, and
-        the assistant header."""
+    def opening(self, task: Task, demonstration: list[dict[str, Any]] | None = None, memory: str = "") -> list[int]:
+        """System prompt with the task's tools, an optional worked example, the first user turn (with
+        a private-rehearsal memory, if any), and the assistant header."""
         messages = [{"role": "system", "content": task.system_prompt}, *(demonstration or []),
-                    {"role": "user", "content": task.user_turns[0]}]
+                    {"role": "user", "content": with_memory(task.user_turns[0], memory)}]
         return self.encode(self._render(messages, generation_prompt=True, tools=[self._shown(t) for t in task.tools]))
 
     def delta(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -79,8 +86,9 @@ class ChatRenderer:
     def tool_results(self, results: list[ToolResult]) -> list[int]:
         return self.delta([{"role": "tool", "content": r.content} for r in results])
 
-    def user_turn(self, text: str, new_tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def user_turn(self, text: str, new_tools: list[dict[str, Any]] | None = None, memory: str = "") -> list[int]:
         """The next user message; tools revealed at this turn are listed in it, as BFCL's prompting mode does."""
+        text = with_memory(text, memory)
         if new_tools:
             listing = "\n".join(json.dumps(self._shown(t), ensure_ascii=False) for t in new_tools)
             text = f"<tools>\n{listing}\n</tools>\n{text}"
@@ -157,3 +165,20 @@ def rehearser_prompt(task: Task, call: ToolCall, examples: list[Example], histor
 def encode_messages(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+# -- the summariser role ---------------------------------------------------------------------------
+
+SUMMARISER_SYSTEM = """You have privately rehearsed the user's request in an imagined copy of the tools: every result below was imagined, not real.
+Write a short memory for your one real attempt: which calls to make and in which order, what you expect them to return, and what went wrong in rehearsal.
+Reply in plain text, a few sentences, no tool calls."""  # noqa: E501
+
+
+def summariser_prompt(request: str, attempts: list[list[tuple[str, str]]], memory: str) -> list[dict[str, Any]]:
+    """Chat messages asking for a rehearsal memory from imagined attempts (and the memory so far)."""
+    parts = ["## User request\n" + request]
+    if memory:
+        parts.append("## Memory so far\n" + memory)
+    for k, transcript in enumerate(attempts, 1):
+        parts.append(f"## Imagined attempt {k}\n" + flatten_history(transcript))
+    return [{"role": "system", "content": SUMMARISER_SYSTEM}, {"role": "user", "content": "\n\n".join(parts)}]

@@ -30,6 +30,7 @@ from envace.envs.validate import check_call
 from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, parse_tool_calls
 from envace.policy.backend import Backend, Generation, SamplingParams
 from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.private import PrivateRehearsal
 from envace.rehearsal.prompts import ChatRenderer, encode_messages, rehearser_prompt
 from envace.store import Run
 from envace.types import Mode, Role, Task, ToolCall, ToolResult
@@ -63,6 +64,10 @@ class Episode:
     generated_tokens: int = 0
     termination: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    demo: list[dict[str, Any]] | None = None  # the caller's worked example, re-rendered with a memory
+    open_turn: bool = False  # the current user turn awaits its private-rehearsal memory before rendering
+    memories: list[dict[str, Any]] = field(default_factory=list)  # one per privately rehearsed turn
+    imagined: list[dict[str, Any]] = field(default_factory=list)  # one per imagined attempt
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Summary:
     well_formed: int = 0
     pairs: int = 0
     generated_tokens: int = 0
+    private_tokens: int = 0
     generation_s: float = 0.0
     wall_s: float = 0.0
     terminations: dict[str, int] = field(default_factory=dict)
@@ -112,6 +118,7 @@ class Summary:
         self.well_formed += row["n_well_formed"]
         self.pairs += pairs
         self.generated_tokens += row["generated_tokens"]
+        self.private_tokens += row["private_tokens"]
         self.terminations[row["termination"]] = self.terminations.get(row["termination"], 0) + 1
 
     def as_dict(self) -> dict[str, Any]:
@@ -125,7 +132,7 @@ class Summary:
             "parse_error_rate": per(self.parse_errors, self.caller_messages),
             "well_formed_rate": per(self.well_formed, self.caller_messages),
             "caller_messages": self.caller_messages, "calls": self.calls, "pairs": self.pairs,
-            "generated_tokens": self.generated_tokens,
+            "generated_tokens": self.generated_tokens, "private_tokens": self.private_tokens,
             "tokens_per_s": per(self.generated_tokens, self.generation_s), "wall_s": round(self.wall_s, 2),
             "terminations": self.terminations,
         }
@@ -149,6 +156,7 @@ class RolloutEngine:
         self._sampling_step = 0
         self._forks: list[Fork] = []
         self._rng = random.Random(config.seed)
+        self.private = PrivateRehearsal(config.private) if config.private.active else None
 
     # -- one episode's transitions ------------------------------------------------------------------
 
@@ -156,10 +164,27 @@ class RolloutEngine:
         env = self.benchmark.make_env()
         env.reset(task)
         demo = self.examples.demonstration(task) if self.config.caller_demo else None
-        ids = self.renderer.opening(task, demo)
-        ep = Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, ids, len(ids))
+        ep = Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, [], 0, demo=demo)
         ep.history.append(("User", task.user_turns[0]))
+        self._open(ep)
         return ep
+
+    def turn_ids(self, ep: Episode, memory: str = "") -> list[int]:
+        """The caller context with the current user turn rendered (with a private-rehearsal memory)."""
+        if ep.turn == 0:
+            return self.renderer.opening(ep.task, ep.demo, memory)
+        text = ep.task.user_turns[ep.turn]
+        return ep.ids + self.renderer.user_turn(text, ep.task.tools_added.get(ep.turn), memory)
+
+    def _open(self, ep: Episode, memory: str | None = None) -> None:
+        """Render the current user turn, or leave it open for private rehearsal to write a memory first."""
+        if memory is None and self.private and (self.config.private.scope == "turn" or ep.turn == 0):
+            ep.open_turn = True
+            return
+        ep.ids = self.turn_ids(ep, memory or "")
+        ep.open_turn = False
+        if ep.turn == 0:
+            ep.prompt_tokens = len(ep.ids)
 
     def _row(self, ep: Episode, role: Role, gen: Generation, **fields: Any) -> dict[str, Any]:
         self._tokens += len(gen.ids)
@@ -218,9 +243,8 @@ class RolloutEngine:
             return
         ep.steps.append([])
         ep.issued.append([])
-        text = ep.task.user_turns[ep.turn]
-        ep.history.append(("User", text))
-        ep.ids.extend(self.renderer.user_turn(text, ep.task.tools_added.get(ep.turn)))
+        ep.history.append(("User", ep.task.user_turns[ep.turn]))
+        self._open(ep)
 
     def episode_row(self, ep: Episode) -> dict[str, Any]:
         score = ep.env.score(ep.task, ep.steps)
@@ -237,6 +261,9 @@ class RolloutEngine:
             "n_rehearsals": sum(t["role"] == Role.REHEARSER for t in ep.turns),
             "n_rehearsal_errors": ep.n_rehearsal_errors, "env_executions": ep.env.executions,
             "prompt_tokens": ep.prompt_tokens, "generated_tokens": ep.generated_tokens,
+            "private_tokens": sum(m["caller_tokens"] + m["rehearser_tokens"] + m["summariser_tokens"]
+                                  for m in ep.memories),
+            "imagined_steps": sum(m["imagined_steps"] for m in ep.memories),
             "context_ids": ep.ids, "wall_s": time.perf_counter() - ep.started,
         }
 
@@ -247,6 +274,14 @@ class RolloutEngine:
         c = self.config
         return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else c.temperature,
                               top_p=c.top_p, seed=c.seed * 1_000_003 + self._sampling_step, frozen=frozen)
+
+    @property
+    def sampling_step(self) -> int:
+        return self._sampling_step
+
+    def generate_role(self, prompts: list[list[int]], max_new_tokens: int, greedy: bool = False) -> list[Generation]:
+        """One backend call for a role outside the caller/rehearser loop (the summariser)."""
+        return self._generate(prompts, self._sampling(max_new_tokens, greedy=greedy))
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         start = time.perf_counter()
@@ -352,7 +387,18 @@ class RolloutEngine:
     def run_batch(self, batch: list[tuple[Task, int]]) -> list[Episode]:
         """Play a batch of (task, group index) episodes to the end; return them, finished."""
         episodes = [self._start(task, g) for task, g in batch]
+        self.play(episodes)
+        self._resolve_forks()
+        self._embed([p for ep in episodes for p in ep.pairs])
+        return episodes
+
+    def play(self, episodes: list[Episode]) -> None:
+        """Advance started episodes until each terminates (private rehearsal opens turns on the way)."""
         while True:
+            opening = [ep for ep in episodes if ep.open_turn and ep.termination is None]
+            if opening and self.private:
+                for ep, memory in zip(opening, self.private.memories(self, opening), strict=True):
+                    self._open(ep, memory)
             for ep in episodes:
                 if ep.termination is None and self.max_context and \
                         len(ep.ids) + self.config.max_new_tokens > self.max_context:
@@ -367,9 +413,6 @@ class RolloutEngine:
                 self._answer(pending)
             if self.on_step:
                 self.on_step(len(waiting), self._tokens)
-        self._resolve_forks()
-        self._embed([p for ep in episodes for p in ep.pairs])
-        return episodes
 
     def _embed(self, pairs: list[dict[str, Any]]) -> None:
         scored = [p for p in pairs if p["rehearsed_response"] is not None]
@@ -406,7 +449,7 @@ class RolloutEngine:
                 key = {"run_id": run.run_id, "batch": index}
                 shard = f"batch-{index:05d}"
                 run.write("episodes", shard, [{**key, **r} for r in rows])
-                for table in ("turns", "calls", "pairs"):
+                for table in ("turns", "calls", "pairs") + (("memories", "imagined") if self.private else ()):
                     run.write(table, shard, [{**key, **r} for ep in episodes for r in getattr(ep, table)])
             for ep, row in zip(episodes, rows, strict=True):
                 summary.add(row, len(ep.pairs))

@@ -83,14 +83,15 @@ def completion_logprobs(model, packs: list[list[Row]], pad_id: int) -> tuple[tor
     seqs = [pk[-1].prompt_ids + pk[-1].completion_ids for pk in packs]
     width = max(len(s) for s in seqs)
     keep = max(max(len(s) - min(len(r.prompt_ids) for r in pk) for s, pk in zip(seqs, packs, strict=True)), 1)
-    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs])
-    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    device = model.device
+    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], device=device)
+    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
                    logits_to_keep=keep + 1).logits[:, :-1].float()
     targets = ids[:, width - keep:]
     logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    owner = torch.full((len(packs), keep), -1, dtype=torch.long)
+    owner = torch.full((len(packs), keep), -1, dtype=torch.long, device=device)
     index = 0
     for p, (seq, pk) in enumerate(zip(seqs, packs, strict=True)):
         for row in pk:
@@ -109,8 +110,8 @@ def policy_loss(model, packs: list[list[Row]], advantages: list[float], pad_id: 
     rows = [r for pk in packs for r in pk]
     logprobs, logits, owner = completion_logprobs(model, packs, pad_id)
     mask = owner >= 0
-    lengths = torch.tensor([max(len(r.completion_ids), 1) for r in rows], dtype=logprobs.dtype)
-    weight = torch.tensor(advantages, dtype=logprobs.dtype) / lengths
+    lengths = torch.tensor([max(len(r.completion_ids), 1) for r in rows], dtype=logprobs.dtype, device=owner.device)
+    weight = torch.tensor(advantages, dtype=logprobs.dtype, device=owner.device) / lengths
     loss = -(torch.where(mask, weight[owner.clamp(min=0)], 0.0) * logprobs).sum() / len(rows)
     with torch.no_grad():
         probs = torch.softmax(logits, dim=-1)
@@ -118,12 +119,15 @@ def policy_loss(model, packs: list[list[Row]], advantages: list[float], pad_id: 
     return loss, {"loss": loss.item(), "entropy": entropy.item(), "tokens": int(mask.sum().item())}
 
 
-def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1) -> dict:
+def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1,
+             total_rows: int | None = None) -> dict:
     """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` packs at a time.
 
     Micro-batches of one pack avoid padding, which on CPU keeps attention on its fast causal path for
-    prompts of thousands of tokens; the summed gradients equal the full batch's.
+    prompts of thousands of tokens; the summed gradients equal the full batch's. `total_rows` is the
+    batch size the loss is normalised by when other processes hold the rest of the batch.
     """
+    total_rows = total_rows or len(rows)
     packs = pack(rows)
     loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
     for i in range(0, len(packs), micro_batch):
@@ -133,21 +137,27 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro
                                   [advantages[j] for pk in chunk for j in pk], pad_id)
         finite = finite and bool(torch.isfinite(loss))
         if finite:
-            (loss * n / len(rows)).backward()
+            (loss * n / total_rows).backward()
         loss_sum += stats["loss"] * n
         entropy_sum += stats["entropy"] * stats["tokens"]
         tokens += stats["tokens"]
-    return {"loss": loss_sum / len(rows), "entropy": entropy_sum / max(tokens, 1), "tokens": tokens,
+    return {"loss": loss_sum / max(len(rows), 1), "entropy": entropy_sum / max(tokens, 1), "tokens": tokens,
             "packs": len(packs), "finite": finite}
 
 
 def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,
-              max_grad_norm: float = 1.0, micro_batch: int = 1) -> dict:
-    """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step."""
+              max_grad_norm: float = 1.0, micro_batch: int = 1, processes=None) -> dict:
+    """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step.
+
+    With data-parallel `processes` (`envace.training.distributed`), `rows` is this process's share
+    and the gradients of all shares are summed before clipping.
+    """
     optimizer.zero_grad(set_to_none=True)
-    stats = backward(model, rows, advantages, pad_id, micro_batch)
+    total = int(processes.total(len(rows))) if processes else len(rows)
+    stats = backward(model, rows, advantages, pad_id, micro_batch, total)
     params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if stats.pop("finite") else None
+    finite = processes.sum_gradients(params, stats.pop("finite")) if processes else stats.pop("finite")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if finite else None
     if grad_norm is None or not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "skipped": True, "grad_norm": float("nan")}

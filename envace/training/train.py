@@ -24,12 +24,14 @@ import torch
 
 from envace.config import TrainConfig
 from envace.envs import registry
+from envace.errors import UsageError
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, load_policy
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.rollout import RolloutEngine
+from envace.rehearsal.rollout import Episode, RolloutEngine
 from envace.store import Run
-from envace.training.grpo import backward, grpo_step, pack, role_advantages
+from envace.training.distributed import Processes
+from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages
 from envace.training.rows import episode_rows, reference_rows
 from envace.types import Role
 
@@ -44,6 +46,15 @@ def _save_state(run: Run, model, optimizer, next_step: int) -> None:
     tmp = run.path / f".state.{os.getpid()}.partial"
     torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer.state_dict()}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
+
+
+# Advantage histogram buckets stored per step and role: (name, lower bound, upper bound).
+_ADV_BINS = (("lt_-0.5", -float("inf"), -0.5), ("-0.5_-0.1", -0.5, -0.1), ("-0.1_0.1", -0.1, 0.1),
+             ("0.1_0.5", 0.1, 0.5), ("ge_0.5", 0.5, float("inf")))
+
+
+def _std(values: torch.Tensor) -> float:
+    return values.std().item() if len(values) > 1 else 0.0
 
 
 _FIDELITY = ("valid_json", "exact", "structure_f1", "value_acc", "error_agree")
@@ -65,11 +76,15 @@ def evaluate(backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank) -> 
 
 
 def _evaluate_at(updates: int, backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank, run: Run, model,
-                 say: Callable[[str], None]) -> None:
+                 procs: Processes, say: Callable[[str], None]) -> None:
+    if not procs.main:  # process 0 evaluates while the others wait
+        procs.wait()
+        return
     model.eval()
     backend.clear_caches()
     scores = evaluate(backend, bench, cfg, bank)
     run.write("metrics", f"eval-{updates:05d}", _metric_rows(run, updates, "eval", {"all": scores}))
+    procs.wait()
     say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist {scores['checklist']:.3f}, "
         f"well-formed {scores['well_formed_rate']:.2f}, rehearsal exact {scores.get('exact', 0.0):.2f} "
         f"over {scores['pairs']} pairs")
@@ -85,16 +100,84 @@ def _chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int]]]
     return [c for c in chunks if c]
 
 
+def _heartbeat(say: Callable[[str], None], what: str, every_s: float = 30.0) -> Callable[[int, int], None]:
+    """An engine `on_step` that reports progress at most every `every_s` seconds."""
+    last = [time.perf_counter()]
+
+    def on_step(waiting: int, tokens: int) -> None:
+        if time.perf_counter() - last[0] >= every_s:
+            last[0] = time.perf_counter()
+            say(f"  {what}: {waiting} episode(s) still playing, {tokens} tokens generated")
+    return on_step
+
+
 def _eta(started: float, done: int, total: int) -> str:
     elapsed = time.perf_counter() - started
     left = elapsed / done * (total - done) if done else 0.0
     return f"{elapsed / 60:.1f} min elapsed, ETA {left / 60:.1f} min"
 
 
+def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episode], scored: list[dict[str, Any]],
+                  stats: dict[str, Any], real_fraction: float) -> dict[str, dict[str, float]]:
+    """Per-role metrics of one GRPO step (this process's share of the batch)."""
+    per_role: dict[str, dict[str, float]] = {"all": {k: v for k, v in stats.items() if isinstance(v, int | float)}}
+    for role in (Role.CALLER, Role.REHEARSER):
+        picked = [i for i, r in enumerate(rows) if r.role == role]
+        if picked:
+            rewards = torch.tensor([rows[i].reward for i in picked])
+            adv = torch.tensor([advantages[i] for i in picked])
+            errors = sum(bool(t.get("parse_error")) for ep in episodes for t in ep.turns if t["role"] == role)
+            per_role[role.value] = {
+                "rows": len(picked), "reward_mean": rewards.mean().item(), "reward_std": _std(rewards),
+                "adv_mean": adv.mean().item(), "adv_std": _std(adv), "adv_abs_mean": adv.abs().mean().item(),
+                "tokens": sum(len(rows[i].completion_ids) for i in picked), "error_rate": errors / len(picked),
+                **{f"adv_bin_{name}": float(((adv >= lo) & (adv < hi)).sum()) for name, lo, hi in _ADV_BINS}}
+    per_role["all"].update(checklist_mean=sum(r["checklist"] for r in scored) / len(scored),
+                           real_fraction=real_fraction,
+                           rehearsal_errors=sum(r["n_rehearsal_errors"] for r in scored),
+                           parse_errors=sum(r["n_parse_errors"] for r in scored))
+    return per_role
+
+
+def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Processes,
+         say: Callable[[str], None]) -> dict[str, float]:
+    """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+    packs, step, started, nll = pack(rows), 0, time.perf_counter(), {}
+    epochs = [_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
+              for e in range(cfg.sft_epochs)]
+    total = sum(len(chunks) for chunks in epochs)
+    model.train()
+    for epoch, chunks in enumerate(epochs):
+        losses = []
+        for chunk in chunks:
+            batch = [rows[j] for pk in procs.share(chunk) for j in pk]
+            optimizer.zero_grad(set_to_none=True)
+            stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk))
+            params = [p for p in model.parameters() if p.requires_grad]
+            if procs.sum_gradients(params, stats["finite"]):
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+            losses.append(procs.total(stats["loss"] * len(batch)) / sum(len(pk) for pk in chunk))
+            if procs.main:
+                run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
+                    "nll": losses[-1], "tokens": stats["tokens"], "epoch": epoch}}))
+            step += 1
+            say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step, total)}")
+        nll[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
+        say(f"  epoch {epoch + 1}: mean completion NLL {nll[f'sft_nll_epoch_{epoch + 1}']:.3f}")
+    return nll
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
+    procs = Processes()
+    if procs.world > cfg.tasks_per_step:
+        raise UsageError(f"{procs.world} processes need tasks_per_step >= {procs.world} (each plays whole tasks)")
+    if not procs.main:
+        say = lambda _: None  # noqa: E731  (process 0 speaks for all)
     torch.manual_seed(cfg.seed)
     bench = registry.get(cfg.env)
-    model, tok = load_policy(cfg.model)
+    model, tok = load_policy(cfg.model, cfg.dtype)
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
     pad = tok.pad_token_id
@@ -105,7 +188,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     state_path = run.path / "state.pt"
     start = 0
     if resume and state_path.exists():
-        state = torch.load(state_path, weights_only=True)
+        state = torch.load(state_path, weights_only=True, map_location=model.device)
         model.load_state_dict(state["model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         start = state["next_step"]
@@ -114,77 +197,51 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo,
                                           bank, cfg.tool_docs) if r.role in cfg.trained_roles]
         say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
-            f"tasks, {cfg.sft_epochs} epoch(s)")
-        sft_optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
-        packs, step, started = pack(rows), 0, time.perf_counter()
-        epochs = [_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
-                  for e in range(cfg.sft_epochs)]
-        total = sum(len(chunks) for chunks in epochs)
-        for epoch, chunks in enumerate(epochs):
-            losses = []
-            model.train()
-            for chunk in chunks:
-                batch = [rows[j] for pk in chunk for j in pk]
-                sft_optimizer.zero_grad(set_to_none=True)
-                stats = backward(model, batch, [1.0] * len(batch), pad)  # every advantage 1: the NLL
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                sft_optimizer.step()
-                losses.append(stats["loss"])
-                run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
-                    "nll": stats["loss"], "tokens": stats["tokens"], "epoch": epoch}}))
-                step += 1
-                say(f"  SFT step {step}/{total}: NLL {stats['loss']:.3f}; {_eta(started, step, total)}")
-            say(f"  epoch {epoch + 1}: mean completion NLL {sum(losses) / len(losses):.3f}")
-            summary[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
-        run.update(summary=summary)
-    if not state_path.exists():
+            f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {procs.world} processes" if procs.world > 1 else ""))
+        summary.update(_sft(cfg, model, rows, pad, run, procs, say))
+        if procs.main:
+            run.update(summary=summary)
+    if procs.main and not state_path.exists():
         _save_state(run, model, optimizer, 0)
 
     backend = HFBackend(model, tok)
     if cfg.eval_every and start == 0:
-        _evaluate_at(0, backend, bench, cfg, bank, run, model, say)
+        _evaluate_at(0, backend, bench, cfg, bank, run, model, procs, say)
     started = time.perf_counter()
     for step in range(start, cfg.grpo_steps):
-        tasks = random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step)
+        tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step))
         model.eval()
         backend.clear_caches()  # cached keys and values belong to the weights before the last update
-        rollout = replace(cfg.rollout(step), seed=cfg.seed * 7919 + step)
+        rollout = replace(cfg.rollout(step), seed=cfg.seed * 7919 + step + 1_000_003 * procs.rank)
         engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
+        engine.on_step = _heartbeat(say, f"GRPO step {step + 1} rollouts")
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
-        scored = [(ep, engine.episode_row(ep)) for ep in episodes]
-        rows = [r for ep, row in scored for r in episode_rows(ep, row["checklist"], cfg.trained_roles)]
+        scored = [engine.episode_row(ep) for ep in episodes]
+        rows = [r for ep, row in zip(episodes, scored, strict=True)
+                for r in episode_rows(ep, row["checklist"], cfg.trained_roles)]
         model.train()
         advantages = role_advantages(rows, cfg.scale_by_std)
-        stats = grpo_step(model, optimizer, rows, advantages, pad)
-        per_role: dict[str, dict[str, float]] = {"all": {k: v for k, v in stats.items() if isinstance(v, int | float)}}
-        for role in (Role.CALLER, Role.REHEARSER):
-            picked = [i for i, r in enumerate(rows) if r.role == role]
-            if picked:
-                rewards = torch.tensor([rows[i].reward for i in picked])
-                adv = torch.tensor([advantages[i] for i in picked])
-                per_role[role.value] = {"rows": len(picked), "reward_mean": rewards.mean().item(),
-                                        "adv_mean": adv.mean().item(), "adv_abs_mean": adv.abs().mean().item(),
-                                        "tokens": sum(len(rows[i].completion_ids) for i in picked)}
-        per_role["all"].update(checklist_mean=sum(r["checklist"] for _, r in scored) / len(scored),
-                               real_fraction=rollout.real_fraction,
-                               rehearsal_errors=sum(r["n_rehearsal_errors"] for _, r in scored),
-                               parse_errors=sum(r["n_parse_errors"] for _, r in scored))
-        shard = f"step-{step:05d}"
-        run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
+        stats = grpo_step(model, optimizer, rows, advantages, pad, processes=procs if procs.world > 1 else None)
+        per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
+        shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
+        if procs.main:
+            run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
         key = {"run_id": run.run_id, "batch": step}
-        run.write("episodes", shard, [{**key, **row} for _, row in scored])
+        run.write("episodes", shard, [{**key, **row} for row in scored])
         run.write("turns", shard, [{**key, **t} for ep in episodes for t in ep.turns])
         say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
             f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
             + (" (skipped: non-finite)" if stats["skipped"] else "")
             + f"; {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
-            _evaluate_at(step + 1, backend, bench, cfg, bank, run, model, say)
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
+            _evaluate_at(step + 1, backend, bench, cfg, bank, run, model, procs, say)
+        if procs.main and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps):
             _save_state(run, model, optimizer, step + 1)
     out = run.path / "checkpoint"
-    (model.merge_and_unload() if cfg.lora else model).save_pretrained(out)
-    tok.save_pretrained(out)
+    if procs.main:
+        (model.merge_and_unload() if cfg.lora else model).save_pretrained(out)
+        tok.save_pretrained(out)
+    procs.wait()
     summary["checkpoint"] = str(out)
     say(f"saved {out}")
     return summary

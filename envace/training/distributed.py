@@ -1,0 +1,71 @@
+"""Data parallelism across the processes of `accelerate launch` / `torchrun`; a lone process is the default.
+
+Each process plays a disjoint share of a step's tasks (all G rollouts of a task stay on one process,
+so role-wise advantages are exact locally), back-propagates its rows with the loss normalised by the
+*global* row count, and the gradients are summed across processes before clipping: every process then
+takes exactly the update one process with the whole batch would take. Gradients are summed by hand
+rather than through DDP's hooks because processes run different numbers of packed forward passes.
+Process 0 alone writes metrics, evaluations, `state.pt` and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class Processes:
+    """This process's rank among `world` data-parallel processes."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = 0
+        if self.world > 1:
+            from accelerate import PartialState
+
+            # gloo on CPU (tests run two processes under torchrun), NCCL on GPUs.
+            state = PartialState(cpu=not torch.cuda.is_available())
+            self.rank, self.world = state.process_index, state.num_processes
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def share(self, items: Sequence[T]) -> list[T]:
+        return list(items[self.rank:: self.world])
+
+    def total(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.item()
+
+    def sum_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
+        """Sum every gradient across processes; False everywhere if any process saw a non-finite loss."""
+        if self.world == 1:
+            return finite
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+        return self.total(0.0 if finite else 1.0) == 0.0
+
+    def wait(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+def wait_for(path, seconds: float = 120.0) -> None:
+    """Block until process 0 has created `path` (the run folder) or fail clearly."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear: is process 0 running?")
+        time.sleep(0.2)
