@@ -24,14 +24,14 @@ demo: install
 
 # The whole suite, slow default-model tests included, after the linter.
 test: install
-	$(BIN)/ruff check envace tests
+	$(BIN)/ruff check envace workbench tests
 	$(BIN)/python -m pytest -q tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: install
-	$(BIN)/ruff check envace tests
+	$(BIN)/ruff check envace workbench tests
 
 bench: install
 	$(BIN)/envace bench rollout

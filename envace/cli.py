@@ -80,7 +80,14 @@ def summary_table(title: str, summary: dict[str, Any]):
 
 def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, backend=None):
     """Play `cfg`'s episodes into a new run with progress lines; returns (run, summary)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from envace.envs import registry
     from envace.policy.hf import HFBackend
@@ -106,7 +113,8 @@ def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, bac
     engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples)
     total = len(tasks) * cfg.group_size
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}"), console=console, transient=False) as progress:
+                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console,
+                  transient=False) as progress:
         bar = progress.add_task("episodes", total=total, status="")
         done = {"n": 0, "ok": 0, "steps": 0}
 
@@ -271,6 +279,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = train(cfg, run, console.print, resume=bool(args.resume))
     if rank == 0:
         run.update(status="completed", summary=summary)
+        from rich.table import Table
+
+        table = Table(title=f"{run.run_id}", show_header=False)
+        for key, value in summary.items():
+            table.add_row(key, str(value))
+        console.print(table)
         console.print(f"next: envace eval {summary['checkpoint']} --limit 4")
     return 0
 
@@ -397,6 +411,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         bench_train(model=args.model, tasks=args.limit, console=_console())
         return 0
+    if args.what == "private":
+        bench.bench_private(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                            budget=args.budget, console=_console())
+        return 0
     run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
     run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
     return 0
@@ -473,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_env)
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
-    p.add_argument("what", choices=["rollout", "rehearsal", "train"])
+    p.add_argument("what", choices=["rollout", "rehearsal", "train", "private"])
+    p.add_argument("--budget", type=int, default=2, help="private: imagined attempts N")
     p.add_argument("--model", default="default")
     p.add_argument("--limit", type=int, default=2,
                    help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "

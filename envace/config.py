@@ -199,6 +199,8 @@ class TrainConfig:
     seed: int = doc("seed for sampling and task order", 0)
     lora: bool = doc("train LoRA adapters (peft) instead of every weight", False)
     lora_rank: int = doc("LoRA rank", 16)
+    gradient_checkpointing: bool = doc("recompute activations in the backward pass: less memory, ~30% more time",
+                                       False)
     sft_tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
     sft_epochs: int = doc("passes over the SFT rows", 2)
     sft_lr: float = doc("SFT learning rate (AdamW)", 3e-5)

@@ -1,9 +1,13 @@
 """`make demo`: the whole pipeline as far as it exists, on the embedded default model.
 
-Today: SmolLM2-135M-Instruct plays BFCL test-split episodes against the real tools in `real+shadow`
-mode (the real response is fed back; the same policy, prompted as the environment, rehearses every
-call beside it), scored by BFCL's official checker and the checklist reward, stored as Parquet
-shards, read back through DuckDB, and summarised as a per-tool world-model fidelity table.
+1. SmolLM2-135M-Instruct plays BFCL test-split episodes against the real tools in `real+shadow` mode
+   (the real response is fed back; the same policy, prompted as the environment, rehearses every call
+   beside it), scored by BFCL's official checker and the checklist reward, stored as Parquet shards.
+2. The run is read back through DuckDB: summary and per-tool world-model fidelity.
+3. Training: a LoRA SFT warm-up on train-split reference rows, then one role-wise GRPO step in the
+   rehearsed world (no environment in the loop).
+4. The trained checkpoint is evaluated with private rehearsal: one imagined attempt per user turn,
+   condensed into a memory, then one committed real execution.
 """
 
 from __future__ import annotations
@@ -19,19 +23,18 @@ def step(title: str) -> None:
 
 
 def run() -> int:
-    name = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    step("1/4 rollout: the default model acts on 4 BFCL multi_turn_base test episodes against the real tools,\n"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name, trained, private = f"demo-{stamp}", f"demo-train-{stamp}", f"demo-private-{stamp}"
+    step("1/5 rollout: the default model acts on 3 BFCL multi_turn_base test episodes against the real tools,\n"
          "    and rehearses every call it makes (real+shadow)")
     print("(first run converts the embedded GGUF to a trainable checkpoint, ~30 s; the caller is shown one\n"
           " worked call from a train task, since a 135M model never calls tools zero-shot)", flush=True)
-    rc = envace(["rollout", "--env", "bfcl", "--category", "multi_turn_base", "--split", "test", "--limit", "4",
+    rc = envace(["rollout", "--env", "bfcl", "--category", "multi_turn_base", "--split", "test", "--limit", "3",
                  "--mode", "real+shadow", "--model", "default", "--config", "experiments/demo.toml",
                  "--run-name", name])
     if rc:
         return rc
-    step("2/4 the stored run, read back through DuckDB")
-    envace(["show", name])
-    step("3/4 world-model fidelity: real vs rehearsed tool responses, per tool")
+    step("2/5 the stored run, read back through DuckDB: world-model fidelity per tool")
     envace(["fidelity", name])
     from envace.store import connect
 
@@ -41,13 +44,29 @@ def run() -> int:
     print(f"SQL> {sql}")
     for tool, real, rehearsed, f1 in con.execute(sql, [name]).fetchall():
         print(f"  {tool}\n    real      {real[:90]!r}\n    rehearsed {str(rehearsed)[:90]!r}  (struct F1 {f1:.2f})")
-    step("4/4 next")
-    print("envace runs                       # every stored run")
-    print(f"envace fidelity {name}   # this table again")
-    print("envace check-env bfcl             # 800/800 ground-truth trajectories through the official checker")
-    print("envace train experiments/smoke.toml   # SFT + role-wise GRPO on the tiny model, ~20 s; on the default")
-    print("                                      # model a training row costs about a minute here (docs/benchmarks.md)")
-    print("private rehearsal and the app are not built yet")
+    step("3/5 training: LoRA SFT warm-up on 2 train tasks, then one role-wise GRPO step in the rehearsed world")
+    rc = envace(["train", "experiments/demo.toml", "--run-name", trained])
+    if rc:
+        return rc
+    step("4/5 private rehearsal: the trained policy imagines each user turn once, writes a memory, then acts for real")
+    rc = envace(["eval", f"runs/{trained}/checkpoint", "--config", "experiments/bfcl_smollm_cpu.toml", "--limit", "2",
+                 "--rehearsal", "parallel", "--budget", "1", "--run-name", private])
+    if rc:
+        return rc
+    con = connect("runs")
+    sql = ("SELECT episode_id, turn, memory, memory_error, private_tokens FROM (SELECT m.*, m.caller_tokens + "
+           "m.rehearser_tokens + m.summariser_tokens AS private_tokens FROM memories m) WHERE run_id = ? "
+           "ORDER BY episode_id, turn LIMIT 3")
+    print(f"SQL> {sql}")
+    for episode, turn, memory, error, tokens in con.execute(sql, [private]).fetchall():
+        print(f"  {episode} turn {turn}: {tokens} private tokens, memory {memory[:100]!r}"
+              + (f" ({error})" if error else ""))
+    step("5/5 next")
+    print("envace runs                                   # every stored run")
+    print(f"envace show {trained}            # the training run")
+    print("envace sweep --name s --models base=default --budgets 0,1,2 --config experiments/bfcl_smollm_cpu.toml")
+    print("python -c \"from workbench import Workbench; print(Workbench('runs').episodes())\"  # the workbench API")
+    print("the Gradio app is not built yet")
     return 0
 
 

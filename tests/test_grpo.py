@@ -131,3 +131,25 @@ def test_gradients_of_shares_sum_to_the_whole_batch(tiny):
 
     whole, split = grads([[0, 1, 2, 3]]), grads([[0, 1], [2, 3]])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split, strict=True))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    import copy
+
+    from envace.policy.models import add_lora
+    from envace.policy.tiny import build_tiny
+
+    base, tok = build_tiny(seed=2)
+    plain = add_lora(copy.deepcopy(base), 4)
+    checkpointed = copy.deepcopy(base)
+    checkpointed.gradient_checkpointing_enable()
+    checkpointed.enable_input_require_grads()
+    checkpointed = add_lora(checkpointed, 4)
+    checkpointed.load_state_dict(plain.state_dict())
+    rows = [Row("A", "caller", [1, 5, 7, 9], [9, 11, 4], 1.0), Row("A", "caller", [1, 5, 7, 9, 9, 11, 4, 3], [2], 1.0)]
+    for model in (plain, checkpointed):
+        model.train()
+        backward(model, rows, [0.7, -0.3], tok.pad_token_id)
+    grads = [(n, p.grad) for n, p in plain.named_parameters() if p.requires_grad]
+    other = dict((n, p.grad) for n, p in checkpointed.named_parameters() if p.requires_grad)
+    assert grads and all(torch.allclose(g, other[n], atol=1e-6) for n, g in grads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -178,6 +179,9 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     torch.manual_seed(cfg.seed)
     bench = registry.get(cfg.env)
     model, tok = load_policy(cfg.model, cfg.dtype)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()  # LoRA leaves the embeddings frozen; checkpointed blocks need a grad path
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
     pad = tok.pad_token_id
@@ -239,8 +243,12 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             _save_state(run, model, optimizer, step + 1)
     out = run.path / "checkpoint"
     if procs.main:
-        (model.merge_and_unload() if cfg.lora else model).save_pretrained(out)
-        tok.save_pretrained(out)
+        partial = run.path / f".checkpoint.{os.getpid()}.partial"
+        (model.merge_and_unload() if cfg.lora else model).save_pretrained(partial)
+        tok.save_pretrained(partial)
+        if out.exists():  # a resumed run replaces its earlier checkpoint
+            shutil.rmtree(out)
+        os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind
     procs.wait()
     summary["checkpoint"] = str(out)
     say(f"saved {out}")

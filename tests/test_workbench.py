@@ -1,0 +1,87 @@
+import json
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from envace.cli import main
+from envace.errors import UsageError
+from workbench import Workbench, json_diff
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(json_values)
+def test_a_response_has_no_diff_with_itself(value):
+    text = json.dumps(value)
+    assert json_diff(text, text) == []
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=5), json_values, min_size=1, max_size=5), st.data())
+def test_a_dropped_key_is_missing_and_an_invented_one_added(real, data):
+    key = data.draw(st.sampled_from(sorted(real)))
+    rehearsed = {k: v for k, v in real.items() if k != key}
+    rehearsed["\u00a7invented"] = 1
+    changes = json_diff(json.dumps(real), json.dumps(rehearsed))
+    assert {(c.path, c.kind) for c in changes} == {(f"$.{key}", "missing"), ("$.\u00a7invented", "added")}
+
+
+def test_type_changes_and_numeric_drift():
+    changes = json_diff('{"balance": 10.5, "ok": true, "items": [1, 2]}',
+                        '{"balance": 12, "ok": "yes", "items": [1]}')
+    by_path = {c.path: c for c in changes}
+    assert by_path["$.balance"].kind == "value_changed" and by_path["$.balance"].drift == pytest.approx(1.5)
+    assert by_path["$.ok"].kind == "type_changed"
+    assert by_path["$.items[1]"].kind == "missing"
+    assert [c.kind for c in json_diff("not json", "also not json")] == ["value_changed"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
+                 "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
+    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0
+    return root
+
+
+def test_queries_over_a_real_store(store):
+    wb = Workbench(store)
+    assert set(wb.runs()["run_id"]) == {"shadow", "trained"}
+    episodes = wb.episodes("shadow")
+    assert len(episodes) == 2 and list(episodes["checklist"]) == sorted(episodes["checklist"], reverse=True)
+    first = episodes["episode_id"][0]
+    steps = wb.steps("shadow", first)
+    assert set(steps["role"]) <= {"caller", "rehearser"} and len(steps) >= 1
+    calls = wb.calls("shadow", first)
+    assert {"real_response", "rehearsed_response"} <= set(calls.columns)
+    assert len(wb.episodes(success=True)) + len(wb.episodes(success=False)) == len(wb.episodes())
+    training = wb.training("trained")
+    assert {"caller"} <= set(training["role"]) and (training["step"] >= 0).all()
+    with pytest.raises(UsageError):
+        wb.episodes("../etc")  # run ids are validated: no path tricks
+    with pytest.raises(UsageError):
+        wb.sql("DROP VIEW episodes")
+    assert wb.sql("SELECT count(*) AS n FROM turns")["n"][0] > 0
+
+
+def test_export_and_figures(store, tmp_path):
+    from workbench.figures import budget_curves, fidelity_bars, training_curves
+
+    wb = Workbench(store)
+    for suffix in (".parquet", ".csv", ".jsonl"):
+        assert wb.export(wb.episodes(), tmp_path / f"e{suffix}").stat().st_size > 0
+    with pytest.raises(UsageError):
+        wb.export(wb.episodes(), tmp_path / "e.xlsx")
+    fig = training_curves(wb.training("trained"))
+    assert {t.name for t in fig.data} >= {"caller"}
+    sweep = pd.DataFrame({"label": ["base"] * 3, "mode": ["none", "parallel", "sequential"], "budget": [0, 2, 2],
+                          "checklist": [0.1, 0.2, 0.05], "private_tokens_per_episode": [0, 300, 280]})
+    names = [t.name for t in budget_curves(sweep).data]
+    assert names == ["base · parallel", "base · parallel · tokens", "base · sequential", "base · sequential · tokens"]
+    assert len(fidelity_bars(wb.fidelity_by_tool()).data) == 4
