@@ -105,7 +105,7 @@ class Workbench:
 
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
         """Mean of every fidelity metric per tool, worst exact-match first."""
-        means = ", ".join(f"avg({m}) AS {m}" for m in _FIDELITY)
+        means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
         where = "WHERE run_id = ?" if run_id else ""
         return self._df(f"SELECT name AS tool, count(*) AS pairs, avg((rehearsal_error IS NOT NULL)::INT) "
                         f"AS malformed, {means} FROM pairs {where} GROUP BY name ORDER BY exact, pairs DESC",

@@ -83,7 +83,7 @@ def completion_logprobs(model, packs: list[list[Row]], pad_id: int) -> tuple[tor
     seqs = [pk[-1].prompt_ids + pk[-1].completion_ids for pk in packs]
     width = max(len(s) for s in seqs)
     keep = max(max(len(s) - min(len(r.prompt_ids) for r in pk) for s, pk in zip(seqs, packs, strict=True)), 1)
-    device = model.device
+    device = next(model.parameters()).device
     ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], device=device)
     attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
