@@ -183,8 +183,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for cfg in configs:  # every cell's config is valid before the first one runs
         cfg.private.validate()
         cfg.validate()
-    table_run = Run(root, name) if (root / name / "run.json").exists() else Run.create(
-        root, "sweep", {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}, "", name)
+    grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
+    if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
+        table_run = Run(root, name)
+        table_run.update(status="running", config=grid_config)
+    else:
+        table_run = Run.create(root, "sweep", grid_config, "", name)
     rows, backends = [], {}
     for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
         run_name = cell.run_name(name)

@@ -19,6 +19,16 @@ from workbench.diff import diff_rows
 _FIDELITY = ["valid_json", "exact", "structure_f1", "value_acc", "error_agree", "string_sim", "embed_cos", "copied"]
 
 
+def _run(run_id: str | None) -> str | None:
+    return None if run_id is None else check_run_id(run_id)
+
+
+def _filters(*conditions: tuple[str, Any]) -> tuple[str, list[Any]]:
+    """A `WHERE` clause over the (clause, value) pairs whose value is given, and its parameters."""
+    used = [(clause, value) for clause, value in conditions if value is not None]
+    return ("WHERE " + " AND ".join(c for c, _ in used) if used else ""), [v for _, v in used]
+
+
 class Workbench:
     """Queries over every run under `root`."""
 
@@ -48,24 +58,14 @@ class Workbench:
     def episodes(self, run_id: str | None = None, success: bool | None = None, min_checklist: float | None = None,
                  tool: str | None = None, limit: int = 500) -> pd.DataFrame:
         """Episodes, best first (official success, then checklist), with optional filters."""
-        where, params = ["true"], []
-        if run_id is not None:
-            where.append("e.run_id = ?")
-            params.append(check_run_id(run_id))
-        if success is not None:
-            where.append("e.success = ?")
-            params.append(success)
-        if min_checklist is not None:
-            where.append("e.checklist >= ?")
-            params.append(min_checklist)
-        if tool is not None:
-            where.append("EXISTS (SELECT 1 FROM calls c WHERE c.run_id = e.run_id AND c.episode_id = e.episode_id "
-                         "AND c.name = ?)")
-            params.append(tool)
+        where, params = _filters(("e.run_id = ?", _run(run_id)), ("e.success = ?", success),
+                                 ("e.checklist >= ?", min_checklist),
+                                 ("EXISTS (SELECT 1 FROM calls c WHERE c.run_id = e.run_id AND c.episode_id = "
+                                  "e.episode_id AND c.name = ?)", tool))
         return self._df(
             "SELECT e.run_id, e.episode_id, e.task_uid, e.mode, e.success, e.checklist, e.termination, e.n_turns, "
             "e.n_ref_turns, e.n_calls, e.n_parse_errors, e.n_rehearsal_errors, e.generated_tokens "
-            f"FROM episodes e WHERE {' AND '.join(where)} "
+            f"FROM episodes e {where} "
             f"ORDER BY e.success DESC, e.checklist DESC, e.episode_id LIMIT {int(limit)}", params)
 
     def steps(self, run_id: str, episode_id: str) -> pd.DataFrame:
@@ -93,23 +93,15 @@ class Workbench:
     # -- fidelity ----------------------------------------------------------------------------------
 
     def pairs(self, run_id: str | None = None, tool: str | None = None) -> pd.DataFrame:
-        where, params = ["true"], []
-        if run_id is not None:
-            where.append("run_id = ?")
-            params.append(check_run_id(run_id))
-        if tool is not None:
-            where.append("name = ?")
-            params.append(tool)
-        return self._df(f"SELECT * FROM pairs WHERE {' AND '.join(where)} ORDER BY run_id, episode_id, turn, step",
-                        params)
+        where, params = _filters(("run_id = ?", _run(run_id)), ("name = ?", tool))
+        return self._df(f"SELECT * FROM pairs {where} ORDER BY run_id, episode_id, turn, step", params)
 
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
         """Mean of every fidelity metric per tool, worst exact-match first."""
         means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
-        where = "WHERE run_id = ?" if run_id else ""
+        where, params = _filters(("run_id = ?", _run(run_id)))
         return self._df(f"SELECT name AS tool, count(*) AS pairs, avg((rehearsal_error IS NOT NULL)::INT) "
-                        f"AS malformed, {means} FROM pairs {where} GROUP BY name ORDER BY exact, pairs DESC",
-                        [check_run_id(run_id)] if run_id else [])
+                        f"AS malformed, {means} FROM pairs {where} GROUP BY name ORDER BY exact, pairs DESC", params)
 
     # -- training and private rehearsal ------------------------------------------------------------
 
@@ -119,9 +111,8 @@ class Workbench:
                         "ORDER BY step, role, name", [check_run_id(run_id), phase])
 
     def sweep(self, run_id: str | None = None) -> pd.DataFrame:
-        where = "WHERE run_id = ?" if run_id else ""
-        return self._df(f"SELECT * FROM sweep {where} ORDER BY label, mode, budget",
-                        [check_run_id(run_id)] if run_id else [])
+        where, params = _filters(("run_id = ?", _run(run_id)))
+        return self._df(f"SELECT * FROM sweep {where} ORDER BY label, mode, budget", params)
 
     def rehearsed_turn(self, run_id: str, episode_id: str, turn: int) -> dict[str, pd.DataFrame]:
         """What it imagined, what it wrote down: the imagined attempts and the memory of one turn."""

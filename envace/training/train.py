@@ -3,7 +3,9 @@
 Each GRPO step plays `tasks_per_step` train tasks G times in `rehearse` mode (the policy is caller and
 environment), scores every episode with the checklist reward, turns every generation into a row,
 and takes one update (`grpo.grpo_step`). Per-step, per-role metrics and every step's episodes go to
-the run store; the final weights are saved under the run folder.
+the run store; the final weights are saved under the run folder. Optional on top: a Dyna-style share
+of calls answered by the real environment (`real_fraction`), evaluation on test tasks every
+`eval_every` updates, and data parallelism over `accelerate launch` processes (`distributed.py`).
 
 Resume is exact because nothing random carries over between steps: step k's tasks and sampling
 seeds derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written
