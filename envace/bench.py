@@ -138,10 +138,10 @@ class _OnePromptPerCall:
         return [g for p in prompts for g in self.inner.generate([p], params)]
 
 
-def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 32, budget: int = 2,
+def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 32, budgets: tuple[int, ...] = (1, 2),
                   console=None) -> dict:
-    """Private rehearsal (parallel, N = `budget`) with every attempt of every episode in one backend call
-    per step, against one episode at a time and one prompt per call; plus the N = 0 cost for scale."""
+    """Cost per committed turn of private rehearsal (parallel) at each N, every attempt of every episode
+    in one backend call per step; and, at the largest N, one episode at a time with one prompt per call."""
     from envace.config import PrivateOptions, RehearserOptions
     from envace.rehearsal.examples import ExampleBank
 
@@ -150,9 +150,10 @@ def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 
     tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
     bank = ExampleBank(bench.load_tasks("multi_turn_base", "train"))
     backend = HFBackend.load(model)
-    result: dict = {"model": model, "episodes": limit, "budget": budget, "max_new_tokens": max_new_tokens}
-    for name, n, batch, one_per_call in (("plain", 0, limit, False), ("batched", budget, limit, False),
-                                         ("unbatched", budget, 1, True)):
+    result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
+    plan = [(f"N={n}", n, limit, False) for n in (0, *budgets)] + [(f"N={max(budgets)} unbatched", max(budgets), 1,
+                                                                     True)]
+    for name, n, batch, one_per_call in plan:
         backend.clear_caches()
         cfg = RolloutConfig(model=model, limit=limit, batch_size=batch, max_new_tokens=max_new_tokens,
                             max_steps_per_turn=2, caller_demo=True, tool_docs="compact", embedding=False,
@@ -160,16 +161,16 @@ def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 
                                                        max_new_tokens=max_new_tokens),
                             private=PrivateOptions(mode="parallel" if n else "none", budget=n, max_steps=2,
                                                    memory_tokens=max_new_tokens))
-        say(f"{name}: {limit} episodes, N = {n}, batch {batch} …")
+        say(f"{name}: {limit} episodes, batch {batch} …")
         engine = RolloutEngine(_OnePromptPerCall(backend) if one_per_call else backend, bench, cfg,
                                backend.max_context, bank)
         start = time.perf_counter()
         summary = engine.run(tasks)
         seconds = time.perf_counter() - start
         turns = max(summary.turns, 1)
-        result[name] = {"s": round(seconds, 1), "s_per_turn": round(seconds / turns, 2), "turns": summary.turns,
+        result[name] = {"s": round(seconds, 1), "turns": summary.turns, "s_per_turn": round(seconds / turns, 2),
                         "private_tokens_per_turn": round(summary.private_tokens / turns, 1)}
-    result["unbatched_over_batched"] = round(result["unbatched"]["s"] / result["batched"]["s"], 2)
-    result["overhead_per_turn_s"] = round(result["batched"]["s_per_turn"] - result["plain"]["s_per_turn"], 2)
+    top = max(budgets)
+    result["unbatched_over_batched"] = round(result[f"N={top} unbatched"]["s"] / result[f"N={top}"]["s"], 2)
     say(result)
     return result

@@ -416,8 +416,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench_train(model=args.model, tasks=args.limit, console=_console())
         return 0
     if args.what == "private":
+        budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip())
+        if not budgets or min(budgets) < 1:
+            raise UsageError(f"--budgets takes comma-separated N >= 1, got '{args.budgets}'")
         bench.bench_private(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                            budget=args.budget, console=_console())
+                            budgets=budgets, console=_console())
         return 0
     run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
     run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
@@ -496,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
     p.add_argument("what", choices=["rollout", "rehearsal", "train", "private"])
-    p.add_argument("--budget", type=int, default=2, help="private: imagined attempts N")
+    p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (comma-separated)")
     p.add_argument("--model", default="default")
     p.add_argument("--limit", type=int, default=2,
                    help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
