@@ -70,17 +70,22 @@ def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 
     return result
 
 
+def _bfcl_setup(model: str, limit: int):
+    """(benchmark, the first `limit` base test tasks, the train-task example bank, a loaded backend)."""
+    from envace.rehearsal.examples import ExampleBank
+
+    bench = registry.get("bfcl")
+    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
+    return bench, tasks, ExampleBank(bench.load_tasks("multi_turn_base", "train")), HFBackend.load(model)
+
+
 def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int = 64, console=None) -> dict:
     """`rehearse+shadow` against `real` on the same episodes and batch, then metric throughput."""
     from envace import fidelity
     from envace.embedding import cosine
-    from envace.rehearsal.examples import ExampleBank
 
     say = console.print if console else print
-    bench = registry.get("bfcl")
-    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
-    bank = ExampleBank(bench.load_tasks("multi_turn_base", "train"))
-    backend = HFBackend.load(model)
+    bench, tasks, bank, backend = _bfcl_setup(model, limit)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     for mode in ("real", "rehearse+shadow"):
         backend.clear_caches()  # the second mode must not inherit the first one's prefill
@@ -143,13 +148,9 @@ def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 
     """Cost per committed turn of private rehearsal (parallel) at each N, every attempt of every episode
     in one backend call per step; and, at the largest N, one episode at a time with one prompt per call."""
     from envace.config import PrivateOptions, RehearserOptions
-    from envace.rehearsal.examples import ExampleBank
 
     say = console.print if console else print
-    bench = registry.get("bfcl")
-    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
-    bank = ExampleBank(bench.load_tasks("multi_turn_base", "train"))
-    backend = HFBackend.load(model)
+    bench, tasks, bank, backend = _bfcl_setup(model, limit)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     plan = [(f"N={n}", n, limit, False) for n in (0, *budgets)] + [(f"N={max(budgets)} unbatched", max(budgets), 1,
                                                                      True)]
