@@ -165,10 +165,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from envace.config import PrivateOptions
     from envace.policy.hf import HFBackend
     from envace.rehearsal import sweep
-    from envace.store import Run, check_run_id
+    from envace.store import Run, check_run_id, get_run
 
     if args.model or args.rehearsal or args.budget is not None:
         raise UsageError("envace sweep sets the model and the rehearsal per cell: use --models, --modes, --budgets")
@@ -181,7 +180,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget))
                for c in grid]
     for cfg in configs:  # every cell's config is valid before the first one runs
-        cfg.private.validate()
         cfg.validate()
     grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
     if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
@@ -192,10 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows, backends = [], {}
     for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
         run_name = cell.run_name(name)
-        meta_path = root / run_name / "run.json"
-        if meta_path.exists():
-            from envace.store import get_run
-
+        if (root / run_name / "run.json").exists():
             meta = get_run(root, run_name)
             if meta.get("status") == "completed":
                 console.print(f"cell {n}/{len(grid)} {run_name}: done already, kept")
@@ -207,8 +202,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             backends.clear()  # one model in memory at a time
             backends[cell.model] = HFBackend.load(cell.model, cfg.max_batch_tokens)
         backends[cell.model].clear_caches()
-        _, summary = play(cfg if cfg.private.active else replace(cfg, private=PrivateOptions()), root, run_name,
-                          "eval", console, backends[cell.model])
+        _, summary = play(cfg, root, run_name, "eval", console, backends[cell.model])
         rows.append(sweep.cell_row(name, cell, run_name, summary))
         sweep.write_table(table_run, rows)
     sweep.write_table(table_run, rows)
@@ -260,12 +254,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = from_dict(TrainConfig, _overridden(raw["train"], args.set), where=f"{args.config} [train]")
     console = _console()
     root = runs_root(args.root)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    from envace.training.distributed import launch_position, wait_for
+
+    rank, world = launch_position()
     if world > 1 and not (args.run_name or args.resume):
         raise UsageError("training with several processes needs --run-name (every process writes to that run)")
     if rank > 0:  # process 0 creates or reopens the run; the others join it
-        from envace.training.distributed import wait_for
-
         name = args.resume or args.run_name
         wait_for(root / name / "run.json")
         run = Run(root, name)

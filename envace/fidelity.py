@@ -24,6 +24,11 @@ def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+def call_key(calls: list) -> list[tuple[str, str]]:
+    """The calls of a caller message as comparable (name, canonical arguments): the action it takes."""
+    return [(c.name, canonical(c.arguments)) for c in calls]
+
+
 def _parse(text: str | None) -> Any:
     return _MISSING if text is None else as_json_value(text)
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from envace.config import PrivateOptions
-from envace.fidelity import canonical
+from envace.fidelity import call_key
 from envace.formats import parse_tool_calls
 from envace.rehearsal.prompts import encode_messages, summariser_prompt
 from envace.types import Role, ToolCall, ToolResult
@@ -129,5 +129,5 @@ class PrivateRehearsal:
         """Greedy first action of each committed turn without and with its memory: did the memory change it?"""
         prompts = [engine.turn_ids(ep, m) for ep, m in zip(episodes, memory, strict=True) for m in ("", m)]
         gens = engine.generate_role(prompts, engine.config.max_new_tokens, greedy=True)
-        key = lambda text: [(c.name, canonical(c.arguments)) for c in parse_tool_calls(text).calls]  # noqa: E731
-        return [key(gens[2 * i].text) != key(gens[2 * i + 1].text) for i in range(len(episodes))]
+        key = [call_key(parse_tool_calls(g.text).calls) for g in gens]
+        return [key[2 * i] != key[2 * i + 1] for i in range(len(episodes))]

@@ -378,8 +378,8 @@ class RolloutEngine:
         gens = self._generate(prompts, self._sampling(self.config.max_new_tokens, greedy=True))
         for n, fork in enumerate(self._forks):
             a, b = (parse_tool_calls(gens[2 * n + j].text) for j in (0, 1))
-            key = lambda m: [(c.name, fidelity.canonical(c.arguments)) for c in m.calls]  # noqa: E731
-            fork.pair["decision_changed"] = key(a) != key(b) or (a.error is None) != (b.error is None)
+            changed = fidelity.call_key(a.calls) != fidelity.call_key(b.calls)
+            fork.pair["decision_changed"] = changed or (a.error is None) != (b.error is None)
         self._forks = []
 
     # -- the batched loop ---------------------------------------------------------------------------

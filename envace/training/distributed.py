@@ -20,12 +20,16 @@ import torch
 T = TypeVar("T")
 
 
+def launch_position() -> tuple[int, int]:
+    """(rank, world size) as `accelerate launch` / `torchrun` set them; (0, 1) for a lone process."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 class Processes:
     """This process's rank among `world` data-parallel processes."""
 
     def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = 0
+        self.rank, self.world = launch_position()
         if self.world > 1:
             from accelerate import PartialState
 
