@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install browser demo test test-fast lint lab bench clean
 
 install: $(STAMP)
 
@@ -19,19 +19,31 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# Debian's chromium and chromedriver for the app's browser test: the test itself installs nothing, and
+# no browser is downloaded from a hub. Without root or the Debian mirror the browser test skips, loudly.
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver \
+	  || apt-get install -y -q chromium chromium-driver \
+	  || (apt-get update -q && apt-get install -y -q chromium chromium-driver) \
+	  || echo "warning: could not install chromium + chromium-driver: the browser test will skip"
+
 demo: install
 	$(BIN)/python -u -m envace.demo
 
 # The whole suite, slow default-model tests included, after the linter.
-test: install
-	$(BIN)/ruff check envace workbench tests
+test: install browser
+	$(BIN)/ruff check envace workbench apps tests
 	$(BIN)/python -m pytest -q tests
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: install
-	$(BIN)/ruff check envace workbench tests
+	$(BIN)/ruff check envace workbench apps tests
+
+# JupyterLab on the notebooks (they launch runs into runs/ and read them back).
+lab: install
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1
 
 bench: install
 	$(BIN)/envace bench rollout

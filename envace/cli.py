@@ -289,6 +289,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # -- runs / show -----------------------------------------------------------------------------------
 
+def cmd_app(args: argparse.Namespace) -> int:
+    # The CLI is the one module that wires every layer: the app sits above envace and is imported here only.
+    from apps.app import serve
+
+    root = runs_root(args.root)
+    print(f"EnvACE Workbench on http://{args.host}:{args.port} over {root} (Ctrl-C stops it)")
+    serve(root, args.host, args.port)
+    return 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -424,7 +434,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- parser ----------------------------------------------------------------------------------------
 
 def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
-    help_of = {f.name: f.metadata.get("help", "") for f in fields(RolloutConfig)}
+    # argparse %-formats help text: escape the config docs' own % signs
+    help_of = {f.name: f.metadata.get("help", "").replace("%", "%%") for f in fields(RolloutConfig)}
     types = {"limit": int, "offset": int, "group_size": int, "batch_size": int, "max_steps_per_turn": int,
              "max_new_tokens": int, "seed": int, "temperature": float, "top_p": float, "decision_sample": float}
     for name in _ROLLOUT_FLAGS:
@@ -478,6 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+
+    p = with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.set_defaults(func=cmd_app)
 
     p = with_root(sub.add_parser("show", help="summary of one run"))
     p.add_argument("run")

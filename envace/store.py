@@ -2,8 +2,9 @@
 
 Layout: `<root>/<run_id>/run.json` and `<root>/<run_id>/<table>/<shard>.parquet`. A shard is written
 to a temp name and renamed, so a reader never sees half a file, and rewriting a shard of the same
-name (same batch or step) replaces it: re-running a step is idempotent. Readers query live runs
-through `connect(root)`; many small files are fine for DuckDB, and no writer ever holds a lock.
+name (same batch or step) replaces it: re-running a step is idempotent. Readers query
+through `connect(root)`: views over the shards present at the last `refresh`; many small files are fine
+for DuckDB, and no writer ever holds a lock.
 `SCHEMAS` below is the one place the tables' columns are defined.
 """
 
@@ -220,13 +221,18 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
-def list_runs(root: str | Path) -> list[dict[str, Any]]:
-    """Every run's metadata, newest first. A `running` run whose process is gone reads `interrupted`."""
+def list_runs(root: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every run's metadata, newest first. A `running` run whose process is gone reads `interrupted`.
+
+    An unreadable `run.json` is skipped, and said so in `warnings` when given.
+    """
     runs = []
     for meta_path in sorted(Path(root).glob("*/run.json")):
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError):
+            if warnings is not None:
+                warnings.append(f"skipped {meta_path}: unreadable run.json")
             continue
         if meta.get("status") == "running" and not _pid_alive(meta.get("pid")):
             meta["status"] = "interrupted"
@@ -242,11 +248,42 @@ def get_run(root: str | Path, run_id: str) -> dict[str, Any]:
     raise UsageError(f"no run '{run_id}' in {root}")
 
 
-def connect(root: str | Path = "runs"):
-    """An in-memory DuckDB connection with one view per table over every run's shards, plus `runs`.
+@dataclass
+class StoreIndex:
+    """What the views of one `refresh` read: the readable shards per table, and what was skipped and why."""
 
-    Views re-read the folder on every query, so a run that is still writing shows each finished batch.
-    """
+    shards: dict[str, list[Path]]
+    warnings: list[str]
+
+    def run_shards(self, table: str, run_id: str) -> list[Path]:
+        return [path for path in self.shards.get(table, []) if path.parent.parent.name == run_id]
+
+
+# (path, size, mtime) -> readable. A shard is immutable once renamed into place, so a footer is read once.
+_READABLE: dict[tuple[str, int, int], bool] = {}
+
+
+def _readable(path: Path) -> bool:
+    """A shard is readable when its Parquet footer parses: a truncated or foreign file fails here."""
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _READABLE:
+        try:
+            pq.read_metadata(path)
+            _READABLE[key] = True
+        except (OSError, pa.ArrowException):
+            _READABLE[key] = False
+    return _READABLE[key]
+
+
+def parquet_source(paths: list[Path]) -> str:
+    """A `read_parquet` table expression over exactly these shards."""
+    files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
+    return f"read_parquet([{files}], union_by_name = true)"
+
+
+def connect(root: str | Path = "runs"):
+    """An in-memory DuckDB connection with one view per table over every run's readable shards, plus `runs`."""
     import duckdb
 
     con = duckdb.connect()
@@ -254,24 +291,35 @@ def connect(root: str | Path = "runs"):
     return con
 
 
-def refresh(con, root: str | Path) -> None:
-    """(Re)create the views; call again after the first shard of a table appears."""
+def refresh(con, root: str | Path) -> StoreIndex:
+    """(Re)create the views over the shards present now; call again to see shards written since.
+
+    A corrupt or half-written shard is left out of the views and named in the returned warnings, so one
+    bad file never breaks a query over the others.
+    """
     root = Path(root)
+    index = StoreIndex({}, [])
     for table, schema in SCHEMAS.items():
+        good = []
+        for path in sorted(root.glob(f"*/{table}/*.parquet")):
+            if _readable(path):
+                good.append(path)
+            else:
+                index.warnings.append(f"skipped {path}: not a readable Parquet shard")
+        index.shards[table] = good
         con.unregister(table)  # an empty stand-in registered earlier would shadow the view
-        if any(root.glob(f"*/{table}/*.parquet")):
-            pattern = str(root / "*" / table / "*.parquet").replace("'", "''")
-            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
-                        f"read_parquet('{pattern}', union_by_name = true)")
+        if good:
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {parquet_source(good)}")
         else:
             con.execute(f"DROP VIEW IF EXISTS {table}")
             con.register(table, schema.empty_table())
     runs = [{**{k: m.get(k) for k in ("run_id", "kind", "model", "status", "git_sha")},
              "created_at": m.get("created_at"), "updated_at": m.get("updated_at"),
              "config": json.dumps(m.get("config", {})), "summary": json.dumps(m.get("summary", {}))}
-            for m in list_runs(root)]
+            for m in list_runs(root, index.warnings)]
     con.unregister("runs")
     con.register("runs", pa.Table.from_pylist(runs, schema=pa.schema([
         ("run_id", pa.string()), ("kind", pa.string()), ("model", pa.string()), ("status", pa.string()),
         ("git_sha", pa.string()), ("created_at", pa.float64()), ("updated_at", pa.float64()),
         ("config", pa.string()), ("summary", pa.string())])))
+    return index

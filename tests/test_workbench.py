@@ -5,7 +5,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envace.cli import main
 from envace.errors import UsageError
 from workbench import Workbench, json_diff
 
@@ -41,18 +40,9 @@ def test_type_changes_and_numeric_drift():
     assert [c.kind for c in json_diff("not json", "also not json")] == ["value_changed"]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    root = tmp_path_factory.mktemp("store")
-    assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
-                 "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
-    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0
-    return root
-
-
 def test_queries_over_a_real_store(store):
     wb = Workbench(store)
-    assert set(wb.runs()["run_id"]) == {"shadow", "trained"}
+    assert {"scripted", "shadow", "trained", "sw"} <= set(wb.runs()["run_id"])
     episodes = wb.episodes("shadow")
     assert len(episodes) == 2 and list(episodes["checklist"]) == sorted(episodes["checklist"], reverse=True)
     first = episodes["episode_id"][0]

@@ -2,18 +2,22 @@
 
 Every query returns a pandas DataFrame, read through DuckDB views over all runs' Parquet shards
 (`envace.store`); views are re-created on `refresh()`, so a run that is still writing shows up as its
-shards land. Readers never lock writers: shards are renamed into place whole.
+shards land. Readers never lock writers: shards are renamed into place whole. A query about one run
+reads only that run's shards, so loading an episode does not scan the whole store. One lock
+serialises queries: the app calls in from several threads and a DuckDB connection is not thread-safe.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pandas as pd
 
 from envace.errors import UsageError
-from envace.store import check_run_id, connect, refresh
+from envace.store import StoreIndex, check_run_id, parquet_source, refresh
 from workbench.diff import diff_rows
 
 _FIDELITY = ["valid_json", "exact", "structure_f1", "value_acc", "error_agree", "string_sim", "embed_cos", "copied"]
@@ -34,13 +38,33 @@ class Workbench:
 
     def __init__(self, root: str | Path = "runs") -> None:
         self.root = Path(root)
-        self.con = connect(self.root)
+        self.con = duckdb.connect()
+        self._lock = threading.Lock()
+        self.index = StoreIndex({}, [])
+        self.refresh()
 
-    def refresh(self) -> None:
-        refresh(self.con, self.root)
+    def refresh(self) -> list[str]:
+        """Pick up shards and runs written since; returns the warnings (skipped corrupt shards)."""
+        with self._lock:
+            self.index = refresh(self.con, self.root)
+        return self.index.warnings
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.index.warnings
+
+    def runs_with(self, table: str) -> set[str]:
+        """The runs that have stored at least one shard of `table` (no query: read off the index)."""
+        return {path.parent.parent.name for path in self.index.shards.get(table, [])}
+
+    def _source(self, table: str, run_id: str) -> str:
+        """The table restricted to one run's shards (the view when the run has none: it filters to nothing)."""
+        shards = self.index.run_shards(table, check_run_id(run_id))
+        return parquet_source(shards) if shards else table
 
     def _df(self, query: str, params: list[Any] | None = None) -> pd.DataFrame:
-        return self.con.execute(query, params or []).df()
+        with self._lock:
+            return self.con.execute(query, params or []).df()
 
     def sql(self, query: str) -> pd.DataFrame:
         """A read-only query (SELECT / WITH / DESCRIBE / SHOW only)."""
@@ -52,35 +76,72 @@ class Workbench:
     # -- runs and episodes -------------------------------------------------------------------------
 
     def runs(self) -> pd.DataFrame:
-        return self._df("SELECT run_id, kind, model, status, created_at, updated_at, summary FROM runs "
-                        "ORDER BY created_at DESC")
+        """Every run with its live status and headline metrics (from its `run.json` summary)."""
+        return self._df(
+            "SELECT run_id, kind, model, status, to_timestamp(created_at) AS created, "
+            "to_timestamp(updated_at) AS updated, "
+            "TRY_CAST(json_extract(summary, '$.episodes') AS INT) AS episodes, "
+            "TRY_CAST(json_extract(summary, '$.success_rate') AS DOUBLE) AS success_rate, "
+            "TRY_CAST(json_extract(summary, '$.checklist') AS DOUBLE) AS checklist, "
+            "TRY_CAST(json_extract(summary, '$.well_formed_rate') AS DOUBLE) AS well_formed_rate, "
+            "summary FROM runs ORDER BY created_at DESC")
 
     def episodes(self, run_id: str | None = None, success: bool | None = None, min_checklist: float | None = None,
-                 tool: str | None = None, limit: int = 500) -> pd.DataFrame:
-        """Episodes, best first (official success, then checklist), with optional filters."""
-        where, params = _filters(("e.run_id = ?", _run(run_id)), ("e.success = ?", success),
-                                 ("e.checklist >= ?", min_checklist),
-                                 ("EXISTS (SELECT 1 FROM calls c WHERE c.run_id = e.run_id AND c.episode_id = "
+                 max_checklist: float | None = None, tool: str | None = None, termination: str | None = None,
+                 fidelity: str | None = None, worst_first: bool = False, limit: int = 500) -> pd.DataFrame:
+        """Episodes with their mean rehearsal exact-match, best first (success, checklist, fidelity) or worst first.
+
+        `fidelity` keeps one bucket of that mean: `low` (< 1/3), `mid`, `high` (≥ 2/3) or `none` (no pairs).
+        """
+        buckets = {"low": "f.fidelity < 1/3", "mid": "f.fidelity >= 1/3 AND f.fidelity < 2/3",
+                   "high": "f.fidelity >= 2/3", "none": "f.fidelity IS NULL"}
+        if fidelity is not None and fidelity not in buckets:
+            raise UsageError(f"fidelity bucket must be one of {', '.join(buckets)}, not '{fidelity}'")
+        episodes, pairs, calls = (("episodes", "pairs", "calls") if run_id is None else
+                                  (self._source(t, run_id) for t in ("episodes", "pairs", "calls")))
+        where, params = _filters(("e.success = ?", success), ("e.checklist >= ?", min_checklist),
+                                 ("e.checklist <= ?", max_checklist), ("e.termination = ?", termination),
+                                 ("e.run_id = ?", _run(run_id)),
+                                 ("EXISTS (SELECT 1 FROM cl c WHERE c.run_id = e.run_id AND c.episode_id = "
                                   "e.episode_id AND c.name = ?)", tool))
+        if fidelity is not None:
+            where = (where + " AND " if where else "WHERE ") + buckets[fidelity]
+        order = "ASC" if worst_first else "DESC"
         return self._df(
-            "SELECT e.run_id, e.episode_id, e.task_uid, e.mode, e.success, e.checklist, e.termination, e.n_turns, "
-            "e.n_ref_turns, e.n_calls, e.n_parse_errors, e.n_rehearsal_errors, e.generated_tokens "
-            f"FROM episodes e {where} "
-            f"ORDER BY e.success DESC, e.checklist DESC, e.episode_id LIMIT {int(limit)}", params)
+            f"WITH cl AS (SELECT * FROM {calls}), f AS (SELECT run_id, episode_id, avg(exact) AS fidelity "
+            f"FROM {pairs} GROUP BY ALL) "
+            "SELECT e.run_id, e.episode_id, e.batch, e.task_uid, e.mode, e.success, e.checklist, f.fidelity, "
+            "e.termination, e.n_turns, e.n_ref_turns, e.n_calls, e.n_parse_errors, e.n_rehearsal_errors, "
+            f"e.generated_tokens FROM {episodes} e LEFT JOIN f USING (run_id, episode_id) {where} "
+            f"ORDER BY e.success {order}, e.checklist {order}, f.fidelity {order} NULLS LAST, e.episode_id "
+            f"LIMIT {int(limit)}", params)
 
     def steps(self, run_id: str, episode_id: str) -> pd.DataFrame:
-        """An episode's generations in order (caller messages and rehearsals), turn by turn."""
-        return self._df("SELECT turn, step, role, call_index, user_message, completion_text, parse_error, "
-                        "len(completion_ids) AS tokens FROM turns WHERE run_id = ? AND episode_id = ? "
-                        "ORDER BY turn, step, role = 'rehearser', call_index", [check_run_id(run_id), episode_id])
+        """An episode's generations in order (caller messages and rehearsals), turn by turn.
+
+        `reward` is the episode's checklist score every row shares (−0.1 for an empty generation) and
+        `advantage` its role-wise GRPO advantage: reward − the mean over every row of the same
+        (step batch, task, role) in the run, as `envace.training.grpo.role_advantages` computes it.
+        Rollout runs have no groups, so their advantage is empty.
+        """
+        turns, episodes = self._source("turns", run_id), self._source("episodes", run_id)
+        return self._df(
+            "WITH r AS (SELECT t.*, e.task_uid, e.checklist - 0.1 * (len(t.completion_ids) = 0)::INT AS reward "
+            f"FROM {turns} t JOIN {episodes} e USING (run_id, batch, episode_id) WHERE t.run_id = ?), "
+            "a AS (SELECT *, CASE WHEN (SELECT kind FROM runs WHERE run_id = ?) = 'train' THEN reward - avg(reward) "
+            "OVER (PARTITION BY batch, task_uid, role) END AS advantage FROM r) "
+            "SELECT turn, step, role, call_index, user_message, completion_text, parse_error, "
+            "len(completion_ids) AS tokens, reward, advantage, logprobs FROM a WHERE episode_id = ? "
+            "ORDER BY turn, step, role = 'rehearser', call_index", [check_run_id(run_id), run_id, episode_id])
 
     def calls(self, run_id: str, episode_id: str) -> pd.DataFrame:
         """Each call with the response the caller saw and, where recorded, the real and rehearsed pair."""
+        calls, pairs = self._source("calls", run_id), self._source("pairs", run_id)
         return self._df(
             "SELECT c.turn, c.step, c.call_index, c.name, c.arguments, c.source, c.response, c.is_error, "
             "p.real_response, p.rehearsed_response, p.rehearsal_error, p.exact, p.structure_f1, p.value_acc, "
-            "p.error_agreement, p.decision_changed "
-            "FROM calls c LEFT JOIN pairs p ON p.run_id = c.run_id AND p.episode_id = c.episode_id "
+            "p.error_agreement, p.embed_cos, p.decision_changed "
+            f"FROM {calls} c LEFT JOIN {pairs} p ON p.run_id = c.run_id AND p.episode_id = c.episode_id "
             "AND p.turn = c.turn AND p.step = c.step AND p.call_index = c.call_index "
             "WHERE c.run_id = ? AND c.episode_id = ? ORDER BY c.turn, c.step, c.call_index",
             [check_run_id(run_id), episode_id])
@@ -99,9 +160,32 @@ class Workbench:
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
         """Mean of every fidelity metric per tool, worst exact-match first."""
         means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
+        source = "pairs" if run_id is None else self._source("pairs", run_id)
         where, params = _filters(("run_id = ?", _run(run_id)))
         return self._df(f"SELECT name AS tool, count(*) AS pairs, avg((rehearsal_error IS NOT NULL)::INT) "
-                        f"AS malformed, {means} FROM pairs {where} GROUP BY name ORDER BY exact, pairs DESC", params)
+                        f"AS malformed, {means} FROM {source} {where} GROUP BY name ORDER BY exact, pairs DESC",
+                        params)
+
+    def fidelity_over_training(self, run_id: str) -> pd.DataFrame:
+        """Rehearsal fidelity against the GRPO step, long format (step, source, name, value): `eval`
+        from the periodic test-split evaluation, `train` from that step's shadow pairs when attached."""
+        pairs = self._source("pairs", run_id)
+        names = ", ".join(f"'{m}'" for m in _FIDELITY)
+        means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
+        return self._df(
+            f"SELECT step, 'eval' AS source, name, value FROM metrics WHERE run_id = ? AND phase = 'eval' "
+            f"AND name IN ({names}) UNION ALL SELECT step, 'train' AS source, name, value FROM "
+            f"(UNPIVOT (SELECT batch AS step, {means} FROM {pairs} WHERE run_id = ? GROUP BY batch) "
+            f"ON {', '.join(_FIDELITY)} INTO NAME name VALUE value) ORDER BY step, source, name",
+            [check_run_id(run_id), run_id])
+
+    def calibration(self, run_id: str | None = None) -> pd.DataFrame:
+        """Per episode: mean rehearsal exact-match against its outcome (does fidelity go with success?)."""
+        where, params = _filters(("e.run_id = ?", _run(run_id)))
+        return self._df(
+            "SELECT e.run_id, e.episode_id, e.success, e.checklist, avg(p.exact) AS fidelity, "
+            "avg(p.copied::DOUBLE) AS copy_rate, count(*) AS pairs FROM episodes e JOIN pairs p "
+            f"USING (run_id, batch, episode_id) {where} GROUP BY ALL ORDER BY fidelity", params)
 
     # -- training and private rehearsal ------------------------------------------------------------
 
@@ -114,13 +198,22 @@ class Workbench:
         where, params = _filters(("run_id = ?", _run(run_id)))
         return self._df(f"SELECT * FROM sweep {where} ORDER BY label, mode, budget", params)
 
+    def rehearsed_turns(self, run_id: str) -> pd.DataFrame:
+        """The privately rehearsed turns of a run: which episode and turn, the memory, its cost."""
+        return self._df(f"SELECT episode_id, turn, mode, budget, scope, memory, memory_error, imagined_steps, "
+                        f"caller_tokens + rehearser_tokens + summariser_tokens AS tokens, decision_changed "
+                        f"FROM {self._source('memories', run_id)} WHERE run_id = ? ORDER BY episode_id, turn",
+                        [check_run_id(run_id)])
+
     def rehearsed_turn(self, run_id: str, episode_id: str, turn: int) -> dict[str, pd.DataFrame]:
         """What it imagined, what it wrote down: the imagined attempts and the memory of one turn."""
         key = [check_run_id(run_id), episode_id, turn]
+        imagined, memories = self._source("imagined", run_id), self._source("memories", run_id)
         return {"imagined": self._df("SELECT attempt, round, memory_seen, transcript, termination, n_steps, "
-                                     "n_calls FROM imagined WHERE run_id = ? AND episode_id = ? AND turn = ? "
+                                     f"n_calls FROM {imagined} WHERE run_id = ? AND episode_id = ? AND turn = ? "
                                      "ORDER BY attempt", key),
-                "memory": self._df("SELECT * FROM memories WHERE run_id = ? AND episode_id = ? AND turn = ?", key)}
+                "memory": self._df(f"SELECT * FROM {memories} WHERE run_id = ? AND episode_id = ? AND turn = ?",
+                                   key)}
 
     # -- export ------------------------------------------------------------------------------------
 

@@ -53,3 +53,29 @@ def fidelity_bars(by_tool: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "s
     fig = go.Figure([go.Bar(x=by_tool["tool"], y=by_tool[m], name=m) for m in metrics])
     fig.update_layout(barmode="group", title="Rehearsal fidelity per tool", yaxis={"range": [0, 1]})
     return fig
+
+
+def fidelity_over_training(long: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",
+                                                                          "error_agree")) -> go.Figure:
+    """Each fidelity metric against the GRPO step: solid from the test-split eval, dotted from the step's
+    own shadow pairs (`Workbench.fidelity_over_training`)."""
+    fig = go.Figure()
+    for (source, name), part in long[long["name"].isin(metrics)].groupby(["source", "name"]):
+        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=f"{name} · {source}",
+                                 line={"dash": "solid" if source == "eval" else "dot"}))
+    fig.update_layout(title="Rehearsal fidelity over training", xaxis_title="GRPO updates",
+                      yaxis={"range": [0, 1], "title": "mean over pairs"})
+    return fig
+
+
+def calibration(per_episode: pd.DataFrame) -> go.Figure:
+    """Episode checklist score against its mean rehearsal exact-match, coloured by official success."""
+    fig = go.Figure()
+    for success, part in per_episode.groupby("success"):
+        fig.add_trace(go.Scatter(x=part["fidelity"], y=part["checklist"], mode="markers",
+                                 name="success" if success else "failure", text=part["episode_id"],
+                                 marker={"size": 9, "opacity": 0.7}))
+    fig.update_layout(title="Does fidelity go with success?", xaxis={"title": "mean exact-match of its rehearsals",
+                                                                      "range": [-0.05, 1.05]},
+                      yaxis={"title": "checklist score", "range": [-0.05, 1.05]})
+    return fig

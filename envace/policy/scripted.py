@@ -23,6 +23,8 @@ _MEMORY = "\n\n<rehearsal_memory>"
 
 
 class ReferencePolicy:
+    max_context: int | None = None  # replays text: no context window to respect
+
     def __init__(self, tokenizer, tasks: list[Task], caller_text: str | None = None,
                  rehearsal_text: str | None = None) -> None:
         self.tokenizer = tokenizer

@@ -1,0 +1,1 @@
+"""The Gradio app over the run store: `envace app` (see `apps.app`)."""

@@ -1,0 +1,93 @@
+"""Inspector tab: pick a run and an episode (filtered and sorted), read it turn by turn with each call's
+real and rehearsed responses side by side, and export it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from apps.common import keep_choice, rounded, run_choices, shown_errors
+from apps.render import episode_html, tokens_html
+from workbench import Workbench
+
+EPISODE_COLUMNS = ["episode_id", "task_uid", "success", "checklist", "fidelity", "termination", "n_calls",
+                   "n_parse_errors", "n_rehearsal_errors"]
+_ANY = "any"
+
+
+def _flag(choice: str) -> bool | None:
+    return None if choice == _ANY else choice == "yes"
+
+
+def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
+    with gr.Row():
+        run = gr.Dropdown(label="run", choices=[], value=None, allow_custom_value=True, scale=2,
+                          elem_id="inspector-run")
+        success = gr.Dropdown(label="success", choices=[_ANY, "yes", "no"], value=_ANY, scale=1)
+        min_checklist = gr.Slider(0, 1, value=0, step=0.05, label="checklist ≥", scale=1)
+        max_checklist = gr.Slider(0, 1, value=1, step=0.05, label="checklist ≤", scale=1)
+    with gr.Row():
+        tool = gr.Textbox(label="uses tool", placeholder="e.g. cd", scale=1)
+        termination = gr.Dropdown(label="ended by", choices=[_ANY, "completed", "step_limit", "context_exceeded",
+                                                             "parse_error", "rehearsal_error"], value=_ANY, scale=1)
+        fidelity = gr.Dropdown(label="fidelity bucket", choices=[_ANY, "low", "mid", "high", "none"], value=_ANY,
+                               scale=1)
+        order = gr.Radio(["best first", "worst first"], value="best first", label="sort", scale=1)
+    episodes = gr.Dataframe(label="episodes (click a row to open it)", interactive=False, max_height=260,
+                            elem_id="inspector-episodes")
+    with gr.Row():
+        episode = gr.Dropdown(label="episode", choices=[], value=None, allow_custom_value=True, scale=3,
+                              elem_id="inspector-episode")
+        roles = gr.CheckboxGroup(["caller", "rehearser"], value=["caller", "rehearser"], label="roles", scale=2)
+        token_view = gr.Checkbox(label="token view", value=False, scale=1)
+        export = gr.Button("export episode (JSONL)", scale=1)
+    download = gr.File(label="export", visible=False)
+    view = gr.HTML(elem_id="inspector-view")
+
+    @shown_errors
+    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, order):
+        if not run_id:
+            return pd.DataFrame(columns=EPISODE_COLUMNS), gr.Dropdown(choices=[], value=None)
+        frame = wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
+                            tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
+                            fidelity=None if bucket == _ANY else bucket, worst_first=order == "worst first")
+        ids = list(frame["episode_id"])
+        return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=ids[0] if ids else None)
+
+    @shown_errors
+    def show(run_id, episode_id, roles, tokens):
+        if not run_id or not episode_id:
+            return "<div class='empty'>Pick a run and an episode.</div>"
+        steps = wb.steps(run_id, episode_id)
+        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles))
+        return body + (tokens_html(steps) if tokens else "")
+
+    def pick(frame: pd.DataFrame, evt: gr.SelectData):
+        return frame.iloc[evt.index[0]]["episode_id"]
+
+    @shown_errors
+    def export_episode(run_id, episode_id):
+        if not run_id or not episode_id:
+            raise gr.Error("pick an episode first")
+        path = Path(tempfile.mkdtemp(prefix="envace-export-")) / f"{run_id}-{episode_id}.jsonl"
+        wb.export(wb.calls(run_id, episode_id), path)
+        return gr.File(value=str(path), visible=True)
+
+    filters = [run, success, min_checklist, max_checklist, tool, termination, fidelity, order]
+    for control in filters:
+        control.change(list_episodes, filters, [episodes, episode])
+    tool.submit(list_episodes, filters, [episodes, episode])
+    episodes.select(pick, episodes, episode)
+    for control in (episode, roles, token_view):
+        control.change(show, [run, episode, roles, token_view], view)
+    export.click(export_episode, [run, episode], download)
+
+    def runs_with_episodes(current, request: gr.Request):
+        # `?run=NAME` in the page's address opens that run first: a link to a run can be shared
+        wanted = current or request.query_params.get("run")
+        return keep_choice(run_choices(wb.runs(), having=wb.runs_with("episodes")), wanted)
+
+    gr.on([app.load, timer.tick], runs_with_episodes, run, run)

@@ -1,0 +1,100 @@
+"""The real app on a free localhost port, over a real store: driven through its API and in headless Chromium."""
+
+import socket
+from pathlib import Path
+
+import pytest
+from gradio_client import Client
+
+from apps.app import serve
+
+CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(store):
+    port = _free_port()
+    app = serve(store, port=port, block=False)
+    yield f"http://127.0.0.1:{port}/"
+    app.close()
+
+
+def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
+    client = Client(app_url, verbose=False)
+    empty, warnings, runs = client.predict(api_name="/refresh")
+    assert empty == "" and warnings == ""
+    assert {"scripted", "shadow", "trained", "sw"} <= {row[0] for row in runs["data"]}
+    table, episode = client.predict("scripted", "any", 0, 1, "", "any", "any", "best first", api_name="/list_episodes")
+    assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]
+    worst, worst_episode = client.predict("scripted", "any", 0, 1, "", "any", "any", "worst first",
+                                          api_name="/list_episodes")
+    assert [r[0] for r in worst["data"]] == [r[0] for r in table["data"]][::-1]
+    html = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], False, api_name="/show")
+    assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
+    assert 'class="diff-added"' in html and "invented_by_rehearser" in html  # the drift is marked in place
+    best = client.predict("scripted", episode["value"], ["caller", "rehearser"], True, api_name="/show")
+    assert "no structural difference" in best and 'class="diff-added"' not in best
+    assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
+    with pytest.raises(Exception, match="invalid run name"):
+        client.predict("../etc", "any", 0, 1, "", "any", "any", "best first", api_name="/list_episodes")
+
+
+def test_the_app_binds_localhost_only(app_url):
+    import psutil  # accelerate's own dependency
+
+    port = int(app_url.rsplit(":", 1)[1].strip("/"))
+    outside = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127.")]
+    if not outside:
+        pytest.skip("this machine has no network interface besides loopback to probe")
+    for address in outside:  # nothing answers on the machine's other interfaces
+        with socket.socket() as s:
+            s.settimeout(2)
+            assert s.connect_ex((address, port)) != 0, address
+
+
+def test_the_inspector_in_a_real_browser(app_url, tmp_path):
+    if not (CHROMIUM.exists() and DRIVER.exists()):
+        pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
+                    "and chromium-driver where it can)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
+    try:
+        wait = WebDriverWait(driver, 60)
+        driver.get(app_url + "?run=scripted")
+        wait.until(ec.element_to_be_clickable((By.XPATH, "//button[@role='tab' and contains(., 'Inspector')]"))).click()
+        # the deep link opened the run: its episodes are listed, best first; the first is open already
+        view = (By.ID, "inspector-view")
+        wait.until(lambda d: "no structural difference" in d.find_element(*view).text)
+        assert "invented_by_rehearser" not in driver.find_element(*view).text
+        # click the second (worse) episode: its rehearsals invent a key
+        second = (By.CSS_SELECTOR, "#inspector-episodes [data-testid='cell-1-0']")
+        wait.until(ec.element_to_be_clickable(second)).click()
+        wait.until(lambda d: "invented_by_rehearser" in d.find_element(*view).text)
+        text = driver.find_element(*view).text
+        assert "real" in text and "rehearsed" in text
+        marks = driver.find_elements(By.CSS_SELECTOR, "#inspector-view mark.diff-added")
+        assert marks and all(m.is_displayed() for m in marks[:3])
+        assert driver.find_elements(By.CSS_SELECTOR, "#inspector-view table.diff")
+        shot = tmp_path / "inspector.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+    finally:
+        driver.quit()
