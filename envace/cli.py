@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, fields
+from pathlib import Path
 from typing import Any
 
 from envace.config import PrivateOptions, RolloutConfig, from_dict, load_toml
@@ -419,6 +420,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         bench_train(model=args.model, tasks=args.limit, console=_console())
         return 0
+    if args.what == "store":
+        from workbench.bench import bench_store  # the CLI wires every layer; the bench times the app's queries
+
+        if args.runs < 1 or args.rows < args.runs:
+            raise UsageError("--runs must be >= 1 and --rows at least --runs")
+        bench_store(args.runs, args.rows, _console(), args.keep)
+        return 0
     if args.what == "private":
         budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip())
         if not budgets or min(budgets) < 1:
@@ -508,13 +516,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check_env)
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
-    p.add_argument("what", choices=["rollout", "rehearsal", "train", "private"])
+    p.add_argument("what", choices=["rollout", "rehearsal", "train", "private", "store"])
     p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (comma-separated)")
     p.add_argument("--model", default="default")
     p.add_argument("--limit", type=int, default=2,
                    help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
                         "whose reference rows form the batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=50, help="store: runs in the synthetic store")
+    p.add_argument("--rows", type=int, default=1_000_000, help="store: pairs in it (and 1.5x as many turns)")
+    p.add_argument("--keep", type=Path, default=None, help="store: build it here and keep it (default: a temp dir)")
     p.set_defaults(func=cmd_bench)
     return parser
 

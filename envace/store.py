@@ -258,58 +258,74 @@ class StoreIndex:
     def run_shards(self, table: str, run_id: str) -> list[Path]:
         return [path for path in self.shards.get(table, []) if path.parent.parent.name == run_id]
 
+    def source(self, paths: list[Path]) -> str:
+        """`parquet_source` over some of the indexed shards, without `union_by_name` when they agree."""
+        return parquet_source(paths, len({_columns(p) for p in paths}) == 1)
 
-# (path, size, mtime) -> readable. A shard is immutable once renamed into place, so a footer is read once.
-_READABLE: dict[tuple[str, int, int], bool] = {}
+
+# (path, size, mtime) -> the shard's column names, or None when unreadable. A shard is immutable once
+# renamed into place, so each footer is read once per process.
+_FOOTERS: dict[tuple[str, int, int], tuple[str, ...] | None] = {}
 
 
-def _readable(path: Path) -> bool:
-    """A shard is readable when its Parquet footer parses: a truncated or foreign file fails here."""
+def _columns(path: Path) -> tuple[str, ...] | None:
+    """A shard's columns when its Parquet footer parses (a truncated or foreign file fails here), else None."""
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _READABLE:
+    if key not in _FOOTERS:
         try:
-            pq.read_metadata(path)
-            _READABLE[key] = True
+            _FOOTERS[key] = tuple(pq.read_schema(path).names)
         except (OSError, pa.ArrowException):
-            _READABLE[key] = False
-    return _READABLE[key]
+            _FOOTERS[key] = None
+    return _FOOTERS[key]
 
 
-def parquet_source(paths: list[Path]) -> str:
-    """A `read_parquet` table expression over exactly these shards."""
+def parquet_source(paths: list[Path], same_columns: bool = False) -> str:
+    """A `read_parquet` table expression over exactly these shards.
+
+    Shards written before a column was added lack it: `union_by_name` fills it with NULL, at the price
+    of reading every footer per query (about 40% of a whole-store scan), so it is used only when needed.
+    """
     files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
-    return f"read_parquet([{files}], union_by_name = true)"
+    return f"read_parquet([{files}], union_by_name = {'false' if same_columns else 'true'})"
 
 
 def connect(root: str | Path = "runs"):
-    """An in-memory DuckDB connection with one view per table over every run's readable shards, plus `runs`."""
+    """An in-memory DuckDB connection with one view per table over every run's readable shards, plus `runs`.
+
+    Parquet footers are cached on the connection: a shard never changes once renamed into place, and
+    re-reading a thousand footers per query is most of a whole-store query's time.
+    """
     import duckdb
 
     con = duckdb.connect()
+    con.execute("SET parquet_metadata_cache = true")
     refresh(con, root)
     return con
 
 
-def refresh(con, root: str | Path) -> StoreIndex:
+def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreIndex:
     """(Re)create the views over the shards present now; call again to see shards written since.
 
     A corrupt or half-written shard is left out of the views and named in the returned warnings, so one
-    bad file never breaks a query over the others.
+    bad file never breaks a query over the others. With the `previous` index of this connection, a
+    table whose shards did not change keeps its view (re-binding a view over thousands of files costs).
     """
     root = Path(root)
     index = StoreIndex({}, [])
     for table, schema in SCHEMAS.items():
         good = []
         for path in sorted(root.glob(f"*/{table}/*.parquet")):
-            if _readable(path):
+            if _columns(path) is not None:
                 good.append(path)
             else:
                 index.warnings.append(f"skipped {path}: not a readable Parquet shard")
         index.shards[table] = good
+        if previous is not None and good and previous.shards.get(table) == good:
+            continue
         con.unregister(table)  # an empty stand-in registered earlier would shadow the view
         if good:
-            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {parquet_source(good)}")
+            con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {index.source(good)}")
         else:
             con.execute(f"DROP VIEW IF EXISTS {table}")
             con.register(table, schema.empty_table())

@@ -1,4 +1,5 @@
 import json
+import time
 
 import pandas as pd
 import pytest
@@ -75,3 +76,74 @@ def test_export_and_figures(store, tmp_path):
     names = [t.name for t in budget_curves(sweep).data]
     assert names == ["base · parallel", "base · parallel · tokens", "base · sequential", "base · sequential · tokens"]
     assert len(fidelity_bars(wb.fidelity_by_tool()).data) == 4
+
+
+def test_filters_sort_and_the_rows_reward_and_advantage(store):
+    wb = Workbench(store)
+    high, low = wb.episodes("scripted", fidelity="high"), wb.episodes("scripted", fidelity="low")
+    assert len(high) == 1 and len(low) == 1 and high["fidelity"][0] > low["fidelity"][0]
+    assert wb.episodes("scripted", tool="no_such_tool").empty
+    assert len(wb.episodes("scripted", tool=wb.calls("scripted", high["episode_id"][0])["name"][0])) >= 1
+    with pytest.raises(UsageError):
+        wb.episodes("scripted", fidelity="great")
+    assert wb.steps("scripted", high["episode_id"][0])["advantage"].isna().all()  # a rollout has no groups
+    trained = wb.episodes("trained")
+    steps = pd.concat([wb.steps("trained", e) for e in trained["episode_id"]])
+    assert steps["advantage"].notna().all()
+    # the same rows the trainer built: per (step, task, role) the advantages are centred
+    rows = wb.sql("SELECT t.batch, e.task_uid, t.role, t.episode_id, t.turn, t.step, t.call_index "
+                  "FROM turns t JOIN episodes e USING (run_id, batch, episode_id) WHERE t.run_id = 'trained'")
+    assert len(rows) == len(steps)
+    assert abs(steps["advantage"].sum()) < 1e-9
+    over = wb.fidelity_over_training("trained")
+    assert set(over["source"]) <= {"eval", "train"}
+    assert set(wb.calibration("scripted")["episode_id"]) == set(wb.episodes("scripted")["episode_id"])
+
+
+def test_corrupt_shards_are_skipped_with_a_warning(store, tmp_path):
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(store / "scripted", root / "scripted")
+    good = sorted((root / "scripted" / "turns").glob("*.parquet"))[0]
+    (root / "scripted" / "turns" / "batch-90000.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (root / "scripted" / "pairs" / "batch-90001.parquet").write_text("not parquet")
+    (root / "broken").mkdir()
+    (root / "broken" / "run.json").write_text("{ half")
+    wb = Workbench(root)
+    assert len(wb.warnings) == 3 and any("batch-90000" in w for w in wb.warnings)
+    assert any("broken" in w for w in wb.warnings)
+    assert len(wb.episodes("scripted")) == 2 and not wb.calls("scripted", wb.episodes()["episode_id"][0]).empty
+    assert list(wb.runs()["run_id"]) == ["scripted"]
+
+
+def test_an_empty_store_answers_every_query_with_nothing(tmp_path):
+    from apps.render import empty_state
+
+    wb = Workbench(tmp_path / "nothing-yet")
+    assert wb.runs().empty and wb.episodes().empty and wb.fidelity_by_tool().empty and wb.sweep().empty
+    assert wb.warnings == [] and "envace rollout" in empty_state(str(wb.root))
+
+
+def test_launch_runs_in_the_background_and_stops_cleanly(tmp_path):
+    from workbench import launch
+
+    root = tmp_path / "runs"
+    handle = launch("experiments/smoke.toml", root=root, name="bg")
+    assert handle.status() == "running"  # launch returned before the job finished
+    assert handle.wait(300) == "finished", handle.log_tail()
+    assert "GRPO step 2/2" in handle.log_tail()
+    wb = Workbench(root)
+    assert list(wb.runs()["run_id"]) == ["bg"] and not wb.training("bg").empty
+    long = launch(kind="rollout", root=root, name="long", args=["--model", "tiny", "--limit", "50",
+                                                                "--max-new-tokens", "8"])
+    deadline = time.time() + 120
+    while not (root / "long" / "run.json").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert long.stop() == "stopped"
+    wb.refresh()
+    assert wb.runs().set_index("run_id").loc["long", "status"] == "interrupted"
+    with pytest.raises(UsageError):
+        launch(kind="deploy", root=root)
+    with pytest.raises(UsageError):
+        launch("experiments/nope.toml", root=root)

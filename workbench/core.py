@@ -10,14 +10,14 @@ serialises queries: the app calls in from several threads and a DuckDB connectio
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pandas as pd
 
 from envace.errors import UsageError
-from envace.store import StoreIndex, check_run_id, parquet_source, refresh
+from envace.store import StoreIndex, check_run_id, connect, refresh
 from workbench.diff import diff_rows
 
 _FIDELITY = ["valid_json", "exact", "structure_f1", "value_acc", "error_agree", "string_sim", "embed_cos", "copied"]
@@ -38,15 +38,16 @@ class Workbench:
 
     def __init__(self, root: str | Path = "runs") -> None:
         self.root = Path(root)
-        self.con = duckdb.connect()
         self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str], tuple[tuple[Path, ...], pd.DataFrame]] = {}
+        self.con = connect(self.root)
         self.index = StoreIndex({}, [])
         self.refresh()
 
     def refresh(self) -> list[str]:
         """Pick up shards and runs written since; returns the warnings (skipped corrupt shards)."""
         with self._lock:
-            self.index = refresh(self.con, self.root)
+            self.index = refresh(self.con, self.root, self.index if self.index.shards else None)
         return self.index.warnings
 
     @property
@@ -60,7 +61,7 @@ class Workbench:
     def _source(self, table: str, run_id: str) -> str:
         """The table restricted to one run's shards (the view when the run has none: it filters to nothing)."""
         shards = self.index.run_shards(table, check_run_id(run_id))
-        return parquet_source(shards) if shards else table
+        return self.index.source(shards) if shards else table
 
     def _df(self, query: str, params: list[Any] | None = None) -> pd.DataFrame:
         with self._lock:
@@ -158,13 +159,36 @@ class Workbench:
         return self._df(f"SELECT * FROM pairs {where} ORDER BY run_id, episode_id, turn, step", params)
 
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
-        """Mean of every fidelity metric per tool, worst exact-match first."""
-        means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
-        source = "pairs" if run_id is None else self._source("pairs", run_id)
-        where, params = _filters(("run_id = ?", _run(run_id)))
-        return self._df(f"SELECT name AS tool, count(*) AS pairs, avg((rehearsal_error IS NOT NULL)::INT) "
-                        f"AS malformed, {means} FROM {source} {where} GROUP BY name ORDER BY exact, pairs DESC",
-                        params)
+        """Mean of every fidelity metric per tool, worst exact-match first.
+
+        Over the whole store the means are combined from per-run sums (`_across_runs`), so a refresh
+        re-scans only the runs that wrote since, not every pair in the store.
+        """
+        parts = ([self._tool_sums(run_id)] if run_id is not None else
+                 self._across_runs("pairs", self._tool_sums))
+        sums = pd.concat(parts).groupby("tool").sum() if parts else pd.DataFrame()
+        if sums.empty:
+            return pd.DataFrame(columns=["tool", "pairs", "malformed", *_FIDELITY])
+        means = {m: sums[f"sum_{m}"] / sums[f"n_{m}"].where(sums[f"n_{m}"] > 0) for m in _FIDELITY}
+        frame = pd.DataFrame({"pairs": sums["pairs"], "malformed": sums["malformed"] / sums["pairs"], **means})
+        return frame.reset_index().sort_values(["exact", "pairs"], ascending=[True, False], ignore_index=True)
+
+    def _tool_sums(self, run_id: str) -> pd.DataFrame:
+        """Per tool of one run: pairs, malformed rehearsals, and each metric's sum and non-null count."""
+        sums = ", ".join(f"sum({m}::DOUBLE) AS sum_{m}, count({m}) AS n_{m}" for m in _FIDELITY)
+        return self._df(f"SELECT name AS tool, count(*) AS pairs, count(rehearsal_error) AS malformed, {sums} "
+                        f"FROM {self._source('pairs', run_id)} WHERE run_id = ? GROUP BY name", [check_run_id(run_id)])
+
+    def _across_runs(self, table: str, per_run: Callable[[str], pd.DataFrame]) -> list[pd.DataFrame]:
+        """`per_run` of every run that has `table`, cached per run until that run's shards change."""
+        parts = []
+        for run_id in sorted(self.runs_with(table)):
+            key = (per_run.__name__, run_id)
+            shards = tuple(self.index.run_shards(table, run_id))
+            if self._cache.get(key, (None,))[0] != shards:
+                self._cache[key] = (shards, per_run(run_id))
+            parts.append(self._cache[key][1])
+        return parts
 
     def fidelity_over_training(self, run_id: str) -> pd.DataFrame:
         """Rehearsal fidelity against the GRPO step, long format (step, source, name, value): `eval`
@@ -181,11 +205,17 @@ class Workbench:
 
     def calibration(self, run_id: str | None = None) -> pd.DataFrame:
         """Per episode: mean rehearsal exact-match against its outcome (does fidelity go with success?)."""
-        where, params = _filters(("e.run_id = ?", _run(run_id)))
+        if run_id is None:
+            parts = self._across_runs("pairs", self.calibration)
+            return (pd.concat(parts).sort_values("fidelity", ignore_index=True) if parts else
+                    pd.DataFrame(columns=["run_id", "episode_id", "success", "checklist", "fidelity", "copy_rate",
+                                          "pairs"]))
+        episodes, pairs = (self._source(t, run_id) for t in ("episodes", "pairs"))
         return self._df(
             "SELECT e.run_id, e.episode_id, e.success, e.checklist, avg(p.exact) AS fidelity, "
-            "avg(p.copied::DOUBLE) AS copy_rate, count(*) AS pairs FROM episodes e JOIN pairs p "
-            f"USING (run_id, batch, episode_id) {where} GROUP BY ALL ORDER BY fidelity", params)
+            f"avg(p.copied::DOUBLE) AS copy_rate, count(*) AS pairs FROM {episodes} e JOIN {pairs} p "
+            "USING (run_id, batch, episode_id) WHERE e.run_id = ? GROUP BY ALL ORDER BY fidelity",
+            [check_run_id(run_id)])
 
     # -- training and private rehearsal ------------------------------------------------------------
 

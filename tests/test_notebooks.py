@@ -1,0 +1,32 @@
+"""Every notebook runs top to bottom with nbclient on the tiny model, against a copy of a real store."""
+
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_four_notebooks_exist_and_are_stored_without_outputs():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
+    for path in NOTEBOOKS:
+        cells = nbformat.read(path, as_version=4).cells
+        assert all(not c.get("outputs") and c.get("execution_count") is None for c in cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path, store, tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    shutil.copytree(store, root)
+    monkeypatch.setenv("ENVACE_RUNS", str(root))
+    monkeypatch.setenv("ENVACE_NOTEBOOK_MODEL", "tiny")
+    book = nbformat.read(path, as_version=4)
+    where = {"metadata": {"path": str(path.parent)}}  # run from notebooks/, as JupyterLab does
+    client = NotebookClient(book, timeout=900, kernel_name="python3", resources=where)
+    client.execute()
+    errors = [o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert any(c.get("outputs") for c in book.cells if c.cell_type == "code")
