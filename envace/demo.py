@@ -8,6 +8,7 @@
    rehearsed world (no environment in the loop).
 4. The trained checkpoint is evaluated with private rehearsal: one imagined attempt per user turn,
    condensed into a memory, then one committed real execution.
+5. The command that opens the app (`envace app`) on the rollout, and what else to try.
 """
 
 from __future__ import annotations
@@ -61,12 +62,13 @@ def run() -> int:
     for episode, turn, memory, error, tokens in con.execute(sql, [private]).fetchall():
         print(f"  {episode} turn {turn}: {tokens} private tokens, memory {memory[:100]!r}"
               + (f" ({error})" if error else ""))
-    step("5/5 next")
+    step("5/5 open the app on the result")
+    print(f".venv/bin/envace app --root runs             # then http://127.0.0.1:7860/?run={name}")
     print("envace runs                                   # every stored run")
     print(f"envace show {trained}            # the training run")
     print("envace sweep --name s --models base=default --budgets 0,1,2 --config experiments/bfcl_smollm_cpu.toml")
     print("python -c \"from workbench import Workbench; print(Workbench('runs').episodes())\"  # the workbench API")
-    print("the Gradio app is not built yet")
+    print("make lab                                      # the notebooks: launch runs, SQL over pairs")
     return 0
 
 
