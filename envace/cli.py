@@ -37,7 +37,7 @@ def _console():
 
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
-                  "decision_sample", "tool_docs")
+                  "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns")
 
 
 # flag → field of [rollout.private]
@@ -111,7 +111,11 @@ def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, bac
 
         examples = ExampleBank(bench.load_tasks(cfg.category, "train"))
     run = Run.create(root, kind, asdict(cfg), cfg.model, run_name)
-    engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples)
+    user_backend = None
+    if cfg.user_model and any(t.simulated_user for t in tasks):
+        console.print(f"loading the simulated user's model {cfg.user_model} …")
+        user_backend = HFBackend.load(cfg.user_model, cfg.max_batch_tokens)
+    engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples, user_backend)
     total = len(tasks) * cfg.group_size
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console,
@@ -445,10 +449,13 @@ def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
     # argparse %-formats help text: escape the config docs' own % signs
     help_of = {f.name: f.metadata.get("help", "").replace("%", "%%") for f in fields(RolloutConfig)}
     types = {"limit": int, "offset": int, "group_size": int, "batch_size": int, "max_steps_per_turn": int,
-             "max_new_tokens": int, "seed": int, "temperature": float, "top_p": float, "decision_sample": float}
+             "max_new_tokens": int, "seed": int, "user_max_new_tokens": int, "max_user_turns": int,
+             "temperature": float, "top_p": float, "decision_sample": float}
     for name in _ROLLOUT_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=types.get(name, str), default=None,
                        help=help_of[name])
+    p.add_argument("--domain", dest="category", default=None, help="τ²: airline | retail | telecom | telecom_solo "
+                   "(the category)")
     private = {f.name: f.metadata.get("help", "") for f in fields(PrivateOptions)}
     p.add_argument("--rehearsal", default=None, help="private rehearsal: " + private["mode"])
     p.add_argument("--budget", type=int, default=None, help=private["budget"])
@@ -512,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_fidelity)
 
     p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
-    p.add_argument("env", help="benchmark name, e.g. bfcl")
+    p.add_argument("env", help="benchmark name: bfcl or tau2")
     p.set_defaults(func=cmd_check_env)
 
     p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")

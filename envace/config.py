@@ -109,6 +109,9 @@ class RolloutConfig:
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
+    user_model: str = doc("simulated users (τ²): the model playing the user; empty = the policy itself", "")
+    user_max_new_tokens: int = doc("simulated users: token budget of one user message", 128)
+    max_user_turns: int = doc("simulated users: user messages before the episode is cut (user_turn_limit)", 10)
 
     def validate(self) -> None:
         from envace.envs import registry
@@ -121,7 +124,8 @@ class RolloutConfig:
         _choice("mode", self.mode, [m.value for m in Mode])
         _choice("on_parse_error", self.on_parse_error, ["end_turn", "end_episode"])
         _choice("tool_docs", self.tool_docs, ["full", "compact"])
-        for name in ("group_size", "batch_size", "max_steps_per_turn", "max_new_tokens", "max_batch_tokens"):
+        for name in ("group_size", "batch_size", "max_steps_per_turn", "max_new_tokens", "max_batch_tokens",
+                     "user_max_new_tokens", "max_user_turns"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:

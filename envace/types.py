@@ -13,6 +13,7 @@ class Role(StrEnum):
     CALLER = "caller"
     REHEARSER = "rehearser"
     SUMMARISER = "summariser"
+    USER = "user"  # the simulated user of a conversational benchmark (τ²); never trained by default
 
 
 class Mode(StrEnum):
@@ -70,13 +71,26 @@ class ReferenceStep:
     result: ToolResult
 
 
+@dataclass(frozen=True)
+class SimulatedUser:
+    """A task whose user is played by a model (τ²): its instructions, the agent's greeting it answers
+    first, and the signals in a user message that end the conversation."""
+
+    system_prompt: str
+    greeting: str
+    stop_signals: tuple[str, ...]
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the user's own tools (τ² telecom)
+
+
 @dataclass
 class Task:
     """One benchmark item, benchmark-independent.
 
     `user_turns[k]` is the user message that opens turn k; `tools_added[k]` are tool schemas that
-    become available at turn k (BFCL miss_func). `reference[k]` is the ground-truth trajectory of
-    turn k replayed on a fresh environment. `payload` keeps the benchmark's own item for its checker.
+    become available at turn k (BFCL miss_func). With `simulated_user` set, a model writes the user
+    turns instead, as the conversation goes (`user_turns[0]` is then only a stand-in opening).
+    `reference[k]` is the ground-truth trajectory of turn k replayed on a fresh environment.
+    `payload` keeps the benchmark's own item for its checker.
     """
 
     uid: str
@@ -90,6 +104,7 @@ class Task:
     reference: list[list[ReferenceStep]]
     tools_added: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
+    simulated_user: SimulatedUser | None = None
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     base, tok = build_tiny(seed=2)
     plain = add_lora(copy.deepcopy(base), 4)
     checkpointed = copy.deepcopy(base)
-    checkpointed.gradient_checkpointing_enable()
+    checkpointed.activation_checkpointing_enable()
     checkpointed.enable_input_require_grads()
     checkpointed = add_lora(checkpointed, 4)
     checkpointed.load_state_dict(plain.state_dict())

@@ -57,5 +57,11 @@ class Environment(ABC):
         """Run one schema-valid call against the episode's state."""
 
     @abstractmethod
-    def score(self, task: Task, steps: Steps) -> Score:
-        """The benchmark's official verdict on the calls an episode executed, turn by turn."""
+    def score(self, task: Task, steps: Steps, texts: list[str] | None = None,
+              termination: str = "completed") -> Score:
+        """The benchmark's official verdict on the calls an episode executed, turn by turn.
+
+        `texts` are the caller's plain-text answers in order (τ²'s COMMUNICATE check reads them);
+        `termination` is how the engine ended the episode (`completed` is a normal end). A benchmark
+        that judges calls only ignores both.
+        """

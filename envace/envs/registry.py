@@ -25,7 +25,13 @@ def _bfcl() -> Benchmark:
     return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv)
 
 
-_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl}
+def _tau2() -> Benchmark:
+    from envace.envs.tau2 import CATEGORIES, Tau2Env, load_tasks
+
+    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env)
+
+
+_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2}
 
 
 def names() -> list[str]:

