@@ -407,7 +407,8 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     console = _console()
     passed = total = 0
     for category in bench.categories:
-        ok, n, failures = replay_reference_scores(bench, category)
+        with console.status(f"replaying {category} …"):
+            ok, n, failures = replay_reference_scores(bench, category)
         passed, total = passed + ok, total + n
         console.print(f"{category:<28} {ok}/{n}" + (f"  failed: {', '.join(failures[:5])}" if failures else ""))
     console.print(f"[bold]{passed}/{total}[/] ground-truth trajectories pass the official checker")

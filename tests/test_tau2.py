@@ -7,7 +7,6 @@ import pytest
 from envace.envs.base import Environment
 from envace.envs.tau2 import CATEGORIES, Tau2Env, load_task, load_tasks, prompts, replay_gold, score_trajectory, user
 from envace.envs.tau2.calc import calculate
-from envace.envs.tau2.check import replay_gold_scores
 from envace.envs.tau2.data import official_split
 from envace.envs.tau2.domains import data_dir, tau2_module
 from envace.errors import UsageError
@@ -45,8 +44,12 @@ def test_gold_replay_earns_reward_one_on_a_subset(subset):
 
 @pytest.mark.slow
 def test_every_gold_trajectory_earns_reward_one():
+    """What `envace check-env tau2` does: every category, both splits, through the protocol's `score`."""
+    from envace.envs import registry
+    from envace.envs.check import replay_reference_scores
+
     for category in CATEGORIES:
-        passed, total, failures = replay_gold_scores(category)
+        passed, total, failures = replay_reference_scores(registry.get("tau2"), category)
         assert passed == total, (category, failures)
 
 

@@ -6,10 +6,10 @@ their gold actions, `env.py` runs episodes, `scoring.py` scores conversations wi
 `user.py` gives a user simulator its prompt and stop signals, `check.py` replays every gold trajectory.
 """
 
-from envace.envs.tau2.check import replay_gold, replay_gold_scores
+from envace.envs.tau2.check import replay_gold
 from envace.envs.tau2.data import CATEGORIES, load_task, load_tasks
 from envace.envs.tau2.env import Tau2Env
 from envace.envs.tau2.scoring import score_trajectory
 
-__all__ = ["CATEGORIES", "Tau2Env", "load_task", "load_tasks", "replay_gold", "replay_gold_scores",
+__all__ = ["CATEGORIES", "Tau2Env", "load_task", "load_tasks", "replay_gold",
            "score_trajectory"]

@@ -6,12 +6,9 @@ dispatched as its own step, then one assistant message carrying every `communica
 
 from __future__ import annotations
 
-import time
-
-from envace.envs.tau2.data import CATEGORIES, load_tasks
 from envace.envs.tau2.env import Tau2Env
 from envace.envs.tau2.scoring import score_trajectory
-from envace.types import Score, Split, Task
+from envace.types import Score, Task
 
 
 def replay_gold(task: Task) -> Score:
@@ -29,22 +26,3 @@ def replay_gold(task: Task) -> Score:
     for text in task.payload["reference_texts"]:
         env.record_text("assistant", text)
     return score_trajectory(task, env.trajectory)
-
-
-def replay_gold_scores(category: str, split: str = Split.ALL,
-                       limit: int | None = None) -> tuple[int, int, list[str]]:
-    """(passed, total, failed uids) over the tasks of `category` (both splits unless told)."""
-    tasks = load_tasks(category, split, limit)
-    failures = [t.uid for t in tasks if not replay_gold(t).success]
-    return len(tasks) - len(failures), len(tasks), failures
-
-
-def replay_gold_all() -> dict[str, dict[str, object]]:
-    """Per category: passed, total, failed uids and seconds taken (loading included)."""
-    report: dict[str, dict[str, object]] = {}
-    for category in CATEGORIES:
-        start = time.perf_counter()
-        passed, total, failures = replay_gold_scores(category)
-        report[category] = {"passed": passed, "total": total, "failures": failures,
-                            "seconds": round(time.perf_counter() - start, 1)}
-    return report
