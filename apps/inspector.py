@@ -35,6 +35,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
                                                              "parse_error", "rehearsal_error"], value=_ANY, scale=1)
         fidelity = gr.Dropdown(label="fidelity bucket", choices=[_ANY, "low", "mid", "high", "none"], value=_ANY,
                                scale=1)
+        error_kind = gr.Dropdown(label="has error", choices=[_ANY], value=_ANY, allow_custom_value=True, scale=1)
         order = gr.Radio(["best first", "worst first"], value="best first", label="sort", scale=1)
     episodes = gr.Dataframe(label="episodes (click a row to open it)", interactive=False, max_height=260,
                             elem_id="inspector-episodes")
@@ -48,12 +49,13 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
     view = gr.HTML(elem_id="inspector-view")
 
     @shown_errors
-    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, order):
+    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order):
         if not run_id:
             return pd.DataFrame(columns=EPISODE_COLUMNS), gr.Dropdown(choices=[], value=None)
         frame = wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
                             tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
-                            fidelity=None if bucket == _ANY else bucket, worst_first=order == "worst first")
+                            fidelity=None if bucket == _ANY else bucket,
+                            error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first")
         ids = list(frame["episode_id"])
         return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=ids[0] if ids else None)
 
@@ -76,7 +78,12 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
         wb.export(wb.calls(run_id, episode_id), path)
         return gr.File(value=str(path), visible=True)
 
-    filters = [run, success, min_checklist, max_checklist, tool, termination, fidelity, order]
+    @shown_errors
+    def kinds(run_id):
+        return gr.Dropdown(choices=[_ANY, *(wb.error_kinds(run_id) if run_id else [])], value=_ANY)
+
+    filters = [run, success, min_checklist, max_checklist, tool, termination, fidelity, error_kind, order]
+    run.change(kinds, run, error_kind)
     for control in filters:
         control.change(list_episodes, filters, [episodes, episode])
     tool.submit(list_episodes, filters, [episodes, episode])

@@ -46,8 +46,11 @@ class DriftingRehearser(ReferencePolicy):
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory, bfcl, tiny):
-    """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a tiny-model shadow
-    rollout (`shadow`), a tiny training run (`trained`) and a tiny private-rehearsal sweep (`sw`)."""
+    """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a scripted caller whose
+    every call has a wrongly typed argument (`broken`), a tiny-model shadow rollout (`shadow`), a tiny
+    training run (`trained`) and a tiny private-rehearsal sweep (`sw`)."""
+    from dataclasses import replace
+
     from rich.console import Console
 
     from envace.cli import main, play
@@ -57,6 +60,9 @@ def store(tmp_path_factory, bfcl, tiny):
     cfg = RolloutConfig(model="scripted", mode="real+shadow", limit=2, max_steps_per_turn=20, embedding=False)
     tasks = bfcl.load_tasks(cfg.category, cfg.split, cfg.limit)
     play(cfg, root, "scripted", "rollout", Console(quiet=True), DriftingRehearser(tiny[1], tasks))
+    bad_call = '<tool_call>\n{"name": "cd", "arguments": {"folder": 3}}\n</tool_call>'
+    play(replace(cfg, limit=1, max_steps_per_turn=2), root, "broken", "rollout", Console(quiet=True),
+         ReferencePolicy(tiny[1], tasks[:1], bad_call))
     assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
                  "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0

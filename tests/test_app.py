@@ -30,10 +30,10 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
     empty, warnings, runs = client.predict(api_name="/refresh")
     assert empty == "" and warnings == ""
     assert {"scripted", "shadow", "trained", "sw"} <= {row[0] for row in runs["data"]}
-    table, episode = client.predict("scripted", "any", 0, 1, "", "any", "any", "best first", api_name="/list_episodes")
+    filters = ("any", 0, 1, "", "any", "any", "any")  # success, checklist range, tool, ended by, fidelity, error
+    table, episode = client.predict("scripted", *filters, "best first", api_name="/list_episodes")
     assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]
-    worst, worst_episode = client.predict("scripted", "any", 0, 1, "", "any", "any", "worst first",
-                                          api_name="/list_episodes")
+    worst, worst_episode = client.predict("scripted", *filters, "worst first", api_name="/list_episodes")
     assert [r[0] for r in worst["data"]] == [r[0] for r in table["data"]][::-1]
     html = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], False, api_name="/show")
     assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
@@ -42,7 +42,7 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
     assert "no structural difference" in best and 'class="diff-added"' not in best
     assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
     with pytest.raises(Exception, match="invalid run name"):
-        client.predict("../etc", "any", 0, 1, "", "any", "any", "best first", api_name="/list_episodes")
+        client.predict("../etc", *filters, "best first", api_name="/list_episodes")
 
 
 def test_the_app_binds_localhost_only(app_url):

@@ -89,33 +89,48 @@ class Workbench:
 
     def episodes(self, run_id: str | None = None, success: bool | None = None, min_checklist: float | None = None,
                  max_checklist: float | None = None, tool: str | None = None, termination: str | None = None,
-                 fidelity: str | None = None, worst_first: bool = False, limit: int = 500) -> pd.DataFrame:
+                 fidelity: str | None = None, error_kind: str | None = None, worst_first: bool = False,
+                 limit: int = 500) -> pd.DataFrame:
         """Episodes with their mean rehearsal exact-match, best first (success, checklist, fidelity) or worst first.
 
         `fidelity` keeps one bucket of that mean: `low` (< 1/3), `mid`, `high` (≥ 2/3) or `none` (no pairs).
+        `error_kind` keeps episodes with a caller parse error or a tool error of that kind (`error_kinds`).
         """
         buckets = {"low": "f.fidelity < 1/3", "mid": "f.fidelity >= 1/3 AND f.fidelity < 2/3",
                    "high": "f.fidelity >= 2/3", "none": "f.fidelity IS NULL"}
         if fidelity is not None and fidelity not in buckets:
             raise UsageError(f"fidelity bucket must be one of {', '.join(buckets)}, not '{fidelity}'")
-        episodes, pairs, calls = (("episodes", "pairs", "calls") if run_id is None else
-                                  (self._source(t, run_id) for t in ("episodes", "pairs", "calls")))
+        episodes, pairs, calls, turns = (("episodes", "pairs", "calls", "turns") if run_id is None else
+                                         (self._source(t, run_id) for t in ("episodes", "pairs", "calls", "turns")))
         where, params = _filters(("e.success = ?", success), ("e.checklist >= ?", min_checklist),
                                  ("e.checklist <= ?", max_checklist), ("e.termination = ?", termination),
                                  ("e.run_id = ?", _run(run_id)),
                                  ("EXISTS (SELECT 1 FROM cl c WHERE c.run_id = e.run_id AND c.episode_id = "
-                                  "e.episode_id AND c.name = ?)", tool))
+                                  "e.episode_id AND c.name = ?)", tool),
+                                 ("EXISTS (SELECT 1 FROM errs x WHERE x.run_id = e.run_id AND x.episode_id = "
+                                  "e.episode_id AND x.kind = ?)", error_kind))
         if fidelity is not None:
             where = (where + " AND " if where else "WHERE ") + buckets[fidelity]
         order = "ASC" if worst_first else "DESC"
         return self._df(
             f"WITH cl AS (SELECT * FROM {calls}), f AS (SELECT run_id, episode_id, avg(exact) AS fidelity "
-            f"FROM {pairs} GROUP BY ALL) "
+            f"FROM {pairs} GROUP BY ALL), errs AS ({self._errors_sql(calls, turns)}) "
             "SELECT e.run_id, e.episode_id, e.batch, e.task_uid, e.mode, e.success, e.checklist, f.fidelity, "
             "e.termination, e.n_turns, e.n_ref_turns, e.n_calls, e.n_parse_errors, e.n_rehearsal_errors, "
             f"e.generated_tokens FROM {episodes} e LEFT JOIN f USING (run_id, episode_id) {where} "
             f"ORDER BY e.success {order}, e.checklist {order}, f.fidelity {order} NULLS LAST, e.episode_id "
             f"LIMIT {int(limit)}", params)
+
+    @staticmethod
+    def _errors_sql(calls: str, turns: str) -> str:
+        return (f"SELECT run_id, episode_id, error_kind AS kind FROM {calls} WHERE error_kind <> '' "
+                f"UNION ALL SELECT run_id, episode_id, parse_error FROM {turns} WHERE parse_error IS NOT NULL")
+
+    def error_kinds(self, run_id: str) -> list[str]:
+        """The caller parse-error and tool-error kinds that occur in a run, most frequent first."""
+        calls, turns = self._source("calls", run_id), self._source("turns", run_id)
+        return list(self._df(f"SELECT kind FROM ({self._errors_sql(calls, turns)}) WHERE run_id = ? "
+                             "GROUP BY kind ORDER BY count(*) DESC, kind", [check_run_id(run_id)])["kind"])
 
     def steps(self, run_id: str, episode_id: str) -> pd.DataFrame:
         """An episode's generations in order (caller messages and rehearsals), turn by turn.
