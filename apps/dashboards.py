@@ -36,7 +36,7 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
                            current)
 
     gr.on([app.load, timer.tick], choices, run, run)
-    run.change(draw, run, [table, bars, calibration, over_training])
+    run.change(draw, run, [table, bars, calibration, over_training], api_name="fidelity")
 
 
 def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
@@ -77,8 +77,8 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
                 keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run))
 
     gr.on([app.load, timer.tick], choices, [sweep, run], [sweep, run])
-    gr.on([sweep.change, metric.change], draw, [sweep, metric], [curves, cells])
-    run.change(list_turns, run, turns)
+    gr.on([sweep.change, metric.change], draw, [sweep, metric], [curves, cells], api_name="budget_curves")
+    run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed])
 
 
@@ -104,4 +104,11 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
         return keep_choice(run_choices(wb.runs(), kinds=("train",)), current)
 
     gr.on([app.load, timer.tick], choices, run, run)
-    gr.on([run.change, phase.change, timer.tick], draw, [run, phase], [curves, table])
+    def follow(run_id, phase):
+        # only a run that is still writing gets new points; redrawing a finished one would reset the zoom
+        runs = wb.runs()
+        live = run_id in set(runs[runs["status"] == "running"]["run_id"])
+        return draw(run_id, phase) if live else (gr.skip(), gr.skip())
+
+    gr.on([run.change, phase.change], draw, [run, phase], [curves, table], api_name="training")
+    timer.tick(follow, [run, phase], [curves, table])

@@ -45,6 +45,20 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
         client.predict("../etc", *filters, "best first", api_name="/list_episodes")
 
 
+def test_the_dashboards_draw_from_the_real_store(app_url):
+    client = Client(app_url, verbose=False)
+    table, bars, calibration, _ = client.predict("scripted", api_name="/fidelity")
+    assert {r[0] for r in table["data"]} >= {"cd", "mkdir"} and bars and calibration
+    curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
+    budget = cells["headers"].index("budget")
+    assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
+    curves, last = client.predict("trained", "grpo", api_name="/training")
+    assert curves and "reward_mean" in {r[0] for r in last["data"]}
+    turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
+    budget = turns["headers"].index("budget")
+    assert turns["data"] and all(r[budget] == 1 for r in turns["data"])
+
+
 def test_the_app_binds_localhost_only(app_url):
     import psutil  # accelerate's own dependency
 
