@@ -214,6 +214,8 @@ class TrainConfig:
     group_size: int = doc("rollouts per task (G)", 4)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
+    shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
+                                "a full fine-tune's optimizer state is 2x the weights in fp32)", False)
     save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
     max_new_tokens: int = doc("token budget of one caller message in rollouts", 64)
     max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)

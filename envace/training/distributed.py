@@ -6,6 +6,12 @@ so role-wise advantages are exact locally), back-propagates its rows with the lo
 takes exactly the update one process with the whole batch would take. Gradients are summed by hand
 rather than through DDP's hooks because processes run different numbers of packed forward passes.
 Process 0 alone writes metrics, evaluations, `state.pt` and the checkpoint.
+
+With `shard_optimizer`, AdamW's moments are partitioned across processes (ZeRO stage 1, torch's
+`ZeroRedundancyOptimizer`): each process updates its slice of the weights and broadcasts it. That
+is the memory a full fine-tune runs out of first (two fp32 moments per weight), and it keeps whole
+parameters and whole gradients on every process, which the hand-summed gradients above need; FSDP
+and ZeRO-2/3 shard those too and are not wired.
 """
 
 from __future__ import annotations
@@ -60,6 +66,20 @@ class Processes:
                 p.grad = torch.zeros_like(p)
             torch.distributed.all_reduce(p.grad)
         return self.total(0.0 if finite else 1.0) == 0.0
+
+    def optimizer(self, params: list[torch.nn.Parameter], lr: float, shard: bool) -> torch.optim.Optimizer:
+        """AdamW, its state sharded across the processes when `shard` and there are several."""
+        if shard and self.world > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
+        return torch.optim.AdamW(params, lr=lr)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The whole optimizer state on process 0 (gathered from every shard: all processes must call)."""
+        if hasattr(optimizer, "consolidate_state_dict"):
+            optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if self.main else None
 
     def wait(self) -> None:
         if self.world > 1:

@@ -44,10 +44,14 @@ def _metric_rows(run: Run, step: int, phase: str, values: dict[str, dict[str, fl
             for role, named in values.items() for name, v in named.items()]
 
 
-def _save_state(run: Run, model, optimizer, next_step: int) -> None:
+def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes) -> None:
+    """Every process calls this (a sharded optimizer gathers its state); process 0 writes `state.pt`."""
+    optimizer_state = procs.optimizer_state(optimizer)
+    if not procs.main:
+        return
     trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     tmp = run.path / f".state.{os.getpid()}.partial"
-    torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer.state_dict()}, tmp)
+    torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer_state}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
 
 
@@ -145,7 +149,7 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
 def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Processes,
          say: Callable[[str], None]) -> dict[str, float]:
     """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL."""
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
     packs, step, started, nll = pack(rows), 0, time.perf_counter(), {}
     epochs = [_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
               for e in range(cfg.sft_epochs)]
@@ -190,10 +194,11 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     train_tasks = bench.load_tasks(cfg.category, "train")
     bank = ExampleBank(train_tasks)
     summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
     state_path = run.path / "state.pt"
+    saved = state_path.exists()  # read once: every process must agree on whether to save (a collective)
     start = 0
-    if resume and state_path.exists():
+    if resume and saved:
         state = torch.load(state_path, weights_only=True, map_location=model.device)
         model.load_state_dict(state["model"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
@@ -207,8 +212,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         summary.update(_sft(cfg, model, rows, pad, run, procs, say))
         if procs.main:
             run.update(summary=summary)
-    if procs.main and not state_path.exists():
-        _save_state(run, model, optimizer, 0)
+    if not saved:
+        _save_state(run, model, optimizer, 0, procs)
 
     backend = HFBackend(model, tok)
     if cfg.eval_every and start == 0:
@@ -241,8 +246,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             + f"; {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
             _evaluate_at(step + 1, backend, bench, cfg, bank, run, model, procs, say)
-        if procs.main and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps):
-            _save_state(run, model, optimizer, step + 1)
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
+            _save_state(run, model, optimizer, step + 1, procs)
     out = run.path / "checkpoint"
     if procs.main:
         partial = run.path / f".checkpoint.{os.getpid()}.partial"
