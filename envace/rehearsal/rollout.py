@@ -277,9 +277,13 @@ class RolloutEngine:
         otherwise the message opens the caller's next turn.
         """
         backend = self.user_backend or self.backend
-        prompts = [encode_messages(backend.tokenizer, [{"role": "system", "content": user.system_prompt},
+
+        def prompt(ep: Episode) -> list[int]:
+            user = ep.task.simulated_user
+            return encode_messages(backend.tokenizer, [{"role": "system", "content": user.system_prompt},
                                                        *ep.user_view], user.tools or None)
-                   for ep in waiting if (user := ep.task.simulated_user)]
+
+        prompts = [prompt(ep) for ep in waiting]
         start = time.perf_counter()
         gens = backend.generate(prompts, self._sampling(self.config.user_max_new_tokens))
         self.generation_s += time.perf_counter() - start
