@@ -91,7 +91,7 @@ def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, bac
     )
 
     from envace.envs import registry
-    from envace.policy.hf import HFBackend
+    from envace.policy import load_backend
     from envace.rehearsal.rollout import RolloutEngine
     from envace.store import Run
 
@@ -104,7 +104,7 @@ def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, bac
                   f"{cfg.group_size}, mode {cfg.mode}{private}, model {cfg.model}")
     if backend is None:
         console.print("loading model …")
-        backend = HFBackend.load(cfg.model, cfg.max_batch_tokens)
+        backend = load_backend(cfg.model, cfg.max_batch_tokens)
     examples = None
     if cfg.caller_demo or cfg.rehearser.fewshot == "other_tasks":
         from envace.rehearsal.examples import ExampleBank
@@ -114,7 +114,7 @@ def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, bac
     user_backend = None
     if cfg.user_model and any(t.simulated_user for t in tasks):
         console.print(f"loading the simulated user's model {cfg.user_model} …")
-        user_backend = HFBackend.load(cfg.user_model, cfg.max_batch_tokens)
+        user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens)
     engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples, user_backend)
     total = len(tasks) * cfg.group_size
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -170,7 +170,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from envace.policy.hf import HFBackend
+    from envace.policy import load_backend
     from envace.rehearsal import sweep
     from envace.store import Run, check_run_id, get_run
 
@@ -205,7 +205,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(f"cell {n}/{len(grid)} {run_name}")
         if cell.model not in backends:
             backends.clear()  # one model in memory at a time
-            backends[cell.model] = HFBackend.load(cell.model, cfg.max_batch_tokens)
+            backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens)
         backends[cell.model].clear_caches()
         _, summary = play(cfg, root, run_name, "eval", console, backends[cell.model])
         rows.append(sweep.cell_row(name, cell, run_name, summary))

@@ -109,7 +109,8 @@ class RolloutConfig:
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
-    user_model: str = doc("simulated users (τ²): the model playing the user; empty = the policy itself", "")
+    user_model: str = doc("simulated users (τ²): the model playing the user, local or `http://…/v1?model=NAME` "
+                          "(an OpenAI-compatible server); empty = the policy itself", "")
     user_max_new_tokens: int = doc("simulated users: token budget of one user message", 128)
     max_user_turns: int = doc("simulated users: user messages before the episode is cut (user_turn_limit)", 10)
 
@@ -143,6 +144,8 @@ class RolloutConfig:
         from envace.policy.models import check_model_spec
 
         check_model_spec(self.model)
+        if self.user_model:
+            check_model_spec(self.user_model)
 
 
 def _choice(name: str, value: str, allowed: list[str]) -> None:

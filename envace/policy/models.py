@@ -74,6 +74,10 @@ def default_model_dir() -> Path:
 
 def check_model_spec(spec: str) -> None:
     """Fail fast on a model that cannot load, before anything heavy runs (converts nothing)."""
+    from envace.policy.remote import is_remote
+
+    if is_remote(spec):
+        return  # a server: reachable or not, its first request says so
     if spec == DEFAULT_MODEL:
         if not (envace_home() / "models" / _DEFAULT_DIR / "config.json").exists():
             _gguf_path()
@@ -117,6 +121,17 @@ def load_policy(spec: str, dtype: str = "float32"):
     if torch.cuda.is_available():  # one GPU per process; `accelerate launch` sets LOCAL_RANK
         model.to(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
     return model.eval(), prepare_tokenizer(tok)
+
+
+def load_tokenizer(spec: str):
+    """The tokenizer of a model spec alone (a served model's, for `envace.policy.remote`)."""
+    if spec == TINY_MODEL:
+        from envace.policy.tiny import build_tiny
+
+        return build_tiny()[1]
+    from transformers import AutoTokenizer
+
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model(spec)))
 
 
 def prepare_tokenizer(tok):

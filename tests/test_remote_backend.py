@@ -1,0 +1,77 @@
+"""The remote backend against a real HTTP completions server (OpenAI's `/v1/completions` shape),
+served here by the tiny model so the test needs no GPU and no network."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from envace.errors import UsageError
+from envace.policy.backend import SamplingParams
+from envace.policy.remote import RemoteBackend
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    from envace.policy.hf import HFBackend
+
+    local = HFBackend(*tiny)
+    seen: list[dict] = []
+
+    class Completions(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's naming)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            params = SamplingParams(max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+                                    top_p=body["top_p"], seed=body.get("seed"))
+            gens = local.generate(body["prompt"], params)
+            choices = [{"index": i, "text": g.text, "finish_reason": g.finish} for i, g in enumerate(gens)]
+            data = json.dumps({"choices": choices[::-1]}).encode()  # servers may answer out of order
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", local, seen
+    httpd.shutdown()
+
+
+def test_a_served_model_generates_what_the_local_one_does(server, tiny):
+    url, local, seen = server
+    remote = RemoteBackend(url, "tiny", tiny[1])
+    prompts = [tiny[1].encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"), [5, 6, 7, 8]]
+    params = SamplingParams(max_new_tokens=6, temperature=0.0)
+    served, direct = remote.generate(prompts, params), local.generate(prompts, params)
+    assert [g.text for g in served] == [g.text for g in direct]  # in prompt order, whatever the server's
+    assert seen[-1]["prompt"] == prompts and seen[-1]["model"] == "tiny"  # token ids go as they are
+    with pytest.raises(UsageError, match="frozen"):
+        remote.generate(prompts, SamplingParams(frozen=True))
+
+
+def test_the_simulated_user_can_be_served(server, tmp_path):
+    from envace.cli import main
+    from envace.store import connect
+
+    url, _, seen = server
+    before = len(seen)
+    assert main(["rollout", "--env", "tau2", "--domain", "retail", "--limit", "1", "--model", "tiny",
+                 "--user-model", f"{url}?model=tiny&tokenizer=tiny", "--max-new-tokens", "6",
+                 "--user-max-new-tokens", "6", "--max-user-turns", "2", "--root", str(tmp_path)]) == 0
+    assert len(seen) - before == 2  # one request per user message
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM turns WHERE role = 'user'").fetchall() == [(2,)]
+
+
+def test_an_unreachable_server_is_one_clear_error(tmp_path, capsys):
+    from envace.cli import main
+
+    assert main(["rollout", "--env", "tau2", "--domain", "retail", "--limit", "1", "--model", "tiny",
+                 "--user-model", "http://127.0.0.1:9/v1?model=x&tokenizer=tiny", "--root", str(tmp_path)]) == 2
+    assert "completions server" in capsys.readouterr().err
