@@ -1,8 +1,9 @@
 """The backend interface: batched generation from token ids to token ids (token-in, token-out).
 
 Backends never see chat messages: prompts arrive as token ids built by the rollout engine, and the
-generated ids come back verbatim so nothing the model wrote is ever re-tokenized. A remote backend
-(an OpenAI-compatible vLLM server taking `prompt` token ids) implements the same `generate`.
+generated ids come back verbatim so nothing the model wrote is ever re-tokenized. `remote.py`
+implements the same `generate` over an OpenAI-compatible server taking `prompt` token ids (vLLM);
+that server returns text, so there the ids are the local tokenizer's encoding of it.
 """
 
 from __future__ import annotations
