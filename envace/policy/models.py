@@ -145,7 +145,12 @@ def prepare_tokenizer(tok):
 
 def add_lora(model, rank: int):
     """LoRA adapters on the attention projections; `disable_adapter()` then gives back the base model."""
+    import warnings
+
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    with warnings.catch_warnings():  # peft reads a property transformers deprecated: nothing to act on here
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
