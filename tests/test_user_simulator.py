@@ -107,3 +107,15 @@ def test_the_cli_rolls_out_tau2_with_the_user_played_by_the_policy(tmp_path):
     assert con.execute("SELECT termination, env, category FROM episodes").fetchall() == [
         ("user_turn_limit", "tau2", "airline")]
     assert main(["rollout", "--env", "tau2", "--domain", "lunar", "--root", str(tmp_path)]) == 2
+
+
+def test_training_runs_on_solo_telecom_and_refuses_reference_rows_without_scripted_turns(tmp_path, capsys):
+    from envace.cli import main
+    from envace.store import connect
+
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "env=tau2"]
+    assert main([*args, "--set", "category=telecom_solo", "--run-name", "solo"]) == 0
+    con = connect(tmp_path)
+    assert con.execute("SELECT DISTINCT category FROM episodes").fetchall() == [("telecom_solo",)]
+    assert main([*args, "--set", "category=retail", "--run-name", "conversation"]) == 2
+    assert "simulated user" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from envace.config import RehearserOptions, RolloutConfig
 from envace.envs.registry import Benchmark
+from envace.errors import UsageError
 from envace.policy.scripted import ReferencePolicy
 from envace.rehearsal.rollout import Episode, RolloutEngine
 from envace.training.grpo import Row
@@ -35,12 +36,16 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
     """
     if any(t.split != "train" for t in tasks):
         raise ValueError("SFT data must come from train-split tasks only")
-    policy = ReferencePolicy(tokenizer, tasks)
-    cfg = RolloutConfig(mode="real+shadow", batch_size=8, embedding=False, rehearser=rehearser,
+    if any(t.simulated_user for t in tasks):
+        raise UsageError("reference rows need scripted user turns; a conversation with a simulated user "
+                         "(τ² airline, retail, telecom) has none: use telecom_solo, or set sft_tasks = 0")
+    cfg = RolloutConfig(mode="real+shadow", batch_size=1, embedding=False, rehearser=rehearser,
                         caller_demo=caller_demo, tool_docs=tool_docs)
-    engine = RolloutEngine(policy, benchmark, cfg, examples=examples)
     rows: list[Row] = []
-    for batch in engine.batches(tasks):
-        for episode in engine.run_batch(batch):
+    for task in tasks:
+        # one scripted policy per task: it finds its task by the first user message, which tasks may
+        # share (τ² telecom has 5 distinct tickets among 114 tasks)
+        engine = RolloutEngine(ReferencePolicy(tokenizer, [task]), benchmark, cfg, examples=examples)
+        for episode in engine.run_batch([(task, 0)]):
             rows.extend(episode_rows(episode, 1.0))
     return rows
