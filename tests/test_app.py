@@ -73,15 +73,14 @@ def test_the_app_binds_localhost_only(app_url):
             assert s.connect_ex((address, port)) != 0, address
 
 
-def test_the_inspector_in_a_real_browser(app_url, tmp_path):
+@pytest.fixture()
+def browser(tmp_path):
+    """Headless Debian chromium driven by selenium (never a downloaded browser)."""
     if not (CHROMIUM.exists() and DRIVER.exists()):
         pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
                     "and chromium-driver where it can)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
@@ -90,25 +89,56 @@ def test_the_inspector_in_a_real_browser(app_url, tmp_path):
                  "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
-    try:
-        wait = WebDriverWait(driver, 60)
-        driver.get(app_url + "?run=scripted")
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//button[@role='tab' and contains(., 'Inspector')]"))).click()
-        # the deep link opened the run: its episodes are listed, best first; the first is open already
-        view = (By.ID, "inspector-view")
-        wait.until(lambda d: "no structural difference" in d.find_element(*view).text)
-        assert "invented_by_rehearser" not in driver.find_element(*view).text
-        # click the second (worse) episode: its rehearsals invent a key
-        second = (By.CSS_SELECTOR, "#inspector-episodes [data-testid='cell-1-0']")
-        wait.until(ec.element_to_be_clickable(second)).click()
-        wait.until(lambda d: "invented_by_rehearser" in d.find_element(*view).text)
-        text = driver.find_element(*view).text
-        assert "real" in text and "rehearsed" in text
-        marks = driver.find_elements(By.CSS_SELECTOR, "#inspector-view mark.diff-added")
-        assert marks and all(m.is_displayed() for m in marks[:3])
-        assert driver.find_elements(By.CSS_SELECTOR, "#inspector-view table.diff")
-        shot = tmp_path / "inspector.png"
-        driver.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
-    finally:
-        driver.quit()
+    yield driver
+    driver.quit()
+
+
+def _open_tab(driver, name: str):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 60)
+    wait.until(ec.element_to_be_clickable((By.XPATH, f"//button[@role='tab' and contains(., '{name}')]"))).click()
+    return wait
+
+
+def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    browser.get(app_url + "?run=scripted")
+    wait = _open_tab(browser, "Inspector")
+    # the deep link opened the run: its episodes are listed, best first; the first is open already
+    view = (By.ID, "inspector-view")
+    wait.until(lambda d: "no structural difference" in d.find_element(*view).text)
+    assert "invented_by_rehearser" not in browser.find_element(*view).text
+    # click the second (worse) episode: its rehearsals invent a key
+    second = (By.CSS_SELECTOR, "#inspector-episodes [data-testid='cell-1-0']")
+    wait.until(ec.element_to_be_clickable(second)).click()
+    wait.until(lambda d: "invented_by_rehearser" in d.find_element(*view).text)
+    text = browser.find_element(*view).text
+    assert "real" in text and "rehearsed" in text
+    marks = browser.find_elements(By.CSS_SELECTOR, "#inspector-view mark.diff-added")
+    assert marks and all(m.is_displayed() for m in marks[:3])
+    assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view table.diff")
+    shot = tmp_path / "inspector.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(app_url)
+    _open_tab(browser, "Launch")
+    browser.find_element(By.XPATH, "//button[normalize-space()='start']").click()  # smoke.toml, train
+    log = (By.CSS_SELECTOR, "#launch-log textarea")
+    WebDriverWait(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
+    assert "GRPO step 2/2" in browser.find_element(*log).get_attribute("value")
+    launched = [p.name for p in store.iterdir() if p.name.startswith("train-")]
+    assert len(launched) == 1
+    # the Runs tab lists it after its next refresh
+    _open_tab(browser, "Runs")
+    WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
