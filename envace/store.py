@@ -259,8 +259,15 @@ class StoreIndex:
         return [path for path in self.shards.get(table, []) if path.parent.parent.name == run_id]
 
     def source(self, paths: list[Path]) -> str:
-        """`parquet_source` over some of the indexed shards, without `union_by_name` when they agree."""
-        return parquet_source(paths, len({_columns(p) for p in paths}) == 1)
+        """A `read_parquet` table expression over exactly these shards.
+
+        Shards written before a column was added lack it: `union_by_name` fills it with NULL, at the price
+        of reading every footer per query (about 40% of a whole-store scan), so it is used only when the
+        shards' columns differ.
+        """
+        union = len({_columns(p) for p in paths}) > 1
+        files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
+        return f"read_parquet([{files}], union_by_name = {str(union).lower()})"
 
 
 # (path, size, mtime) -> the shard's column names, or None when unreadable. A shard is immutable once
@@ -278,16 +285,6 @@ def _columns(path: Path) -> tuple[str, ...] | None:
         except (OSError, pa.ArrowException):
             _FOOTERS[key] = None
     return _FOOTERS[key]
-
-
-def parquet_source(paths: list[Path], same_columns: bool = False) -> str:
-    """A `read_parquet` table expression over exactly these shards.
-
-    Shards written before a column was added lack it: `union_by_name` fills it with NULL, at the price
-    of reading every footer per query (about 40% of a whole-store scan), so it is used only when needed.
-    """
-    files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
-    return f"read_parquet([{files}], union_by_name = {'false' if same_columns else 'true'})"
 
 
 def connect(root: str | Path = "runs"):

@@ -81,6 +81,10 @@ class SimulatedUser:
     stop_signals: tuple[str, ...]
     tools: list[dict[str, Any]] = field(default_factory=list)  # the user's own tools (τ² telecom)
 
+    def stopped(self, text: str | None) -> bool:
+        """Whether a user message ends the conversation (τ²'s UserSimulator.is_stop)."""
+        return text is not None and any(signal in text for signal in self.stop_signals)
+
 
 @dataclass
 class Task:

@@ -196,4 +196,5 @@ def test_user_system_prompt_is_the_simulators(subset):
     assert "Instructions:" in prompt
     assert airline.payload["task"]["user_scenario"]["instructions"]["reason_for_call"].strip()[:40] in prompt
     assert "You have some tools" not in prompt and "You have some tools" in user.user_system_prompt(telecom)
-    assert user.is_stop("Thanks, bye! ###STOP###") and not user.is_stop("Thanks") and not user.is_stop(None)
+    stopped = airline.simulated_user.stopped
+    assert stopped("Thanks, bye! ###STOP###") and not stopped("Thanks") and not stopped(None)

@@ -58,8 +58,11 @@ class Workbench:
         """The runs that have stored at least one shard of `table` (no query: read off the index)."""
         return {path.parent.parent.name for path in self.index.shards.get(table, [])}
 
-    def _source(self, table: str, run_id: str) -> str:
-        """The table restricted to one run's shards (the view when the run has none: it filters to nothing)."""
+    def _source(self, table: str, run_id: str | None) -> str:
+        """The table restricted to one run's shards; the whole view for no run, or a run with none (a
+        `run_id = ?` filter then finds nothing)."""
+        if run_id is None:
+            return table
         shards = self.index.run_shards(table, check_run_id(run_id))
         return self.index.source(shards) if shards else table
 
@@ -100,8 +103,7 @@ class Workbench:
                    "high": "f.fidelity >= 2/3", "none": "f.fidelity IS NULL"}
         if fidelity is not None and fidelity not in buckets:
             raise UsageError(f"fidelity bucket must be one of {', '.join(buckets)}, not '{fidelity}'")
-        episodes, pairs, calls, turns = (("episodes", "pairs", "calls", "turns") if run_id is None else
-                                         (self._source(t, run_id) for t in ("episodes", "pairs", "calls", "turns")))
+        episodes, pairs, calls, turns = (self._source(t, run_id) for t in ("episodes", "pairs", "calls", "turns"))
         where, params = _filters(("e.success = ?", success), ("e.checklist >= ?", min_checklist),
                                  ("e.checklist <= ?", max_checklist), ("e.termination = ?", termination),
                                  ("e.run_id = ?", _run(run_id)),
@@ -171,7 +173,8 @@ class Workbench:
 
     def pairs(self, run_id: str | None = None, tool: str | None = None) -> pd.DataFrame:
         where, params = _filters(("run_id = ?", _run(run_id)), ("name = ?", tool))
-        return self._df(f"SELECT * FROM pairs {where} ORDER BY run_id, episode_id, turn, step", params)
+        return self._df(f"SELECT * FROM {self._source('pairs', run_id)} {where} "
+                        "ORDER BY run_id, episode_id, turn, step", params)
 
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
         """Mean of every fidelity metric per tool, worst exact-match first.
@@ -236,8 +239,8 @@ class Workbench:
 
     def training(self, run_id: str, phase: str = "grpo") -> pd.DataFrame:
         """Per-step, per-role metrics of a training run, long format (step, role, name, value)."""
-        return self._df("SELECT step, role, name, value FROM metrics WHERE run_id = ? AND phase = ? "
-                        "ORDER BY step, role, name", [check_run_id(run_id), phase])
+        return self._df(f"SELECT step, role, name, value FROM {self._source('metrics', run_id)} "
+                        "WHERE run_id = ? AND phase = ? ORDER BY step, role, name", [check_run_id(run_id), phase])
 
     def sweep(self, run_id: str | None = None) -> pd.DataFrame:
         where, params = _filters(("run_id = ?", _run(run_id)))

@@ -284,16 +284,14 @@ class RolloutEngine:
                                                        *ep.user_view], user.tools or None)
 
         prompts = [prompt(ep) for ep in waiting]
-        start = time.perf_counter()
-        gens = backend.generate(prompts, self._sampling(self.config.user_max_new_tokens))
-        self.generation_s += time.perf_counter() - start
+        gens = self._generate(prompts, self._sampling(self.config.user_max_new_tokens), backend)
         for ep, prompt, gen in zip(waiting, prompts, gens, strict=True):
             ep.turns.append(self._row(ep, Role.USER, gen, prompt_ids=prompt, call_index=0))
             text = gen.text.strip()
             ep.user_view.append({"role": "assistant", "content": text})
             user = ep.task.simulated_user
             calls = parse_tool_calls(text).calls if user.tools else []
-            if any(signal in text for signal in user.stop_signals):
+            if user.stopped(text):
                 ep.termination = "completed"
             elif calls:
                 results = [ep.env.execute_user(call) for call in calls]
@@ -347,9 +345,10 @@ class RolloutEngine:
         """One backend call for a role outside the caller/rehearser loop (the summariser)."""
         return self._generate(prompts, self._sampling(max_new_tokens, greedy=greedy))
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams,
+                  backend: Backend | None = None) -> list[Generation]:
         start = time.perf_counter()
-        gens = self.backend.generate(prompts, params)
+        gens = (backend or self.backend).generate(prompts, params)
         self.generation_s += time.perf_counter() - start
         return gens
 

@@ -35,7 +35,7 @@ SYSTEM_PROMPT = """
 """.strip()
 
 __all__ = ["FIRST_AGENT_MESSAGE", "OUT_OF_SCOPE", "STOP", "STOP_SIGNALS", "TRANSFER", "guidelines_path",
-           "is_stop", "user_system_prompt", "user_tools"]
+           "user_system_prompt", "user_tools"]
 
 
 def guidelines_path(with_tools: bool) -> Any:
@@ -55,8 +55,3 @@ def user_system_prompt(task: Task) -> str:
     scenario = tau2_module("data_model.tasks").UserScenario.model_validate(task.payload["task"]["user_scenario"])
     guidelines = guidelines_path(bool(user_tools(task))).read_text()
     return SYSTEM_PROMPT.format(global_user_sim_guidelines=guidelines, instructions=str(scenario))
-
-
-def is_stop(text: str | None) -> bool:
-    """τ²'s UserSimulator.is_stop for a text message (a tool-call message never stops)."""
-    return text is not None and any(signal in text for signal in STOP_SIGNALS)
