@@ -260,7 +260,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     console = _console()
     root = runs_root(args.root)
     from envace.training.distributed import launch_position, wait_for
+    from envace.training.fsdp import launcher_fsdp
 
+    launcher_fsdp(cfg.shard_optimizer)  # refuse an FSDP launch this trainer cannot honour before a run exists
     rank, world = launch_position()
     if world > 1 and not (args.run_name or args.resume):
         raise UsageError("training with several processes needs --run-name (every process writes to that run)")

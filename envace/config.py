@@ -219,6 +219,9 @@ class TrainConfig:
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
                                 "a full fine-tune's optimizer state is 2x the weights in fp32)", False)
+    fsdp: bool = doc("with several processes, shard weights, gradients and AdamW's moments across them (FSDP2, "
+                     "one unit per decoder layer); rollouts run on a whole copy synced after each update. "
+                     "`accelerate launch` with an FSDP config (experiments/accelerate_fsdp.yaml) sets it", False)
     save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
     max_new_tokens: int = doc("token budget of one caller message in rollouts", 64)
     max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
@@ -257,6 +260,8 @@ class TrainConfig:
         if self.variant == "caller_only" and not self.lora:
             raise UsageError("variant caller_only needs lora = true: the frozen rehearser is the base model "
                              "with the caller's adapters switched off")
+        if self.fsdp and self.shard_optimizer:
+            raise UsageError("fsdp already shards the optimizer state: drop shard_optimizer")
         if self.lr <= 0 or self.sft_lr <= 0 or self.temperature < 0:
             raise UsageError("learning rates must be > 0 and temperature >= 0")
         self.rehearser.validate()

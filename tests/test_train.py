@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,6 +8,9 @@ from envace.cli import main
 from envace.config import RehearserOptions
 from envace.store import connect
 from envace.training.rows import reference_rows
+
+# Two processes on a free port (`--standalone`), as `accelerate launch --multi_gpu` starts them.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def test_reference_rows_cover_both_roles_from_train_tasks_only(bfcl, tiny):
@@ -184,12 +189,7 @@ def test_set_overrides_are_validated_like_the_file(tmp_path):
 
 def test_two_processes_train_one_model_under_torchrun(tmp_path):
     """`accelerate launch` / torchrun: each process plays its share of the tasks, one run, one checkpoint."""
-    import subprocess
-    import sys
-
-    from envace.store import connect
-
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "envace.cli"]
+    torchrun = [*TORCHRUN, "-m", "envace.cli"]
     args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "dp",
             "--set", "tasks_per_step=2", "--set", "sft_tasks=2"]
     done = subprocess.run(torchrun + args, capture_output=True, text=True, timeout=600)
@@ -217,29 +217,73 @@ def test_every_experiment_config_validates(path):
             from_dict(cls, data, where=f"{path} [{table}]")
 
 
-def test_a_sharded_optimizer_takes_the_same_steps_and_resumes(tmp_path):
-    """ZeRO stage 1 under torchrun: the same weights as unsharded AdamW, a whole optimizer state saved,
-    and a resume that loads it back into the shards."""
-    import subprocess
-    import sys
-
+def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):
+    """ZeRO stage 1 under torchrun and FSDP under `accelerate launch` with experiments/accelerate_fsdp.yaml:
+    the same weights as unsharded data parallelism, a whole state saved, and resumes that load it
+    back into the shards."""
     import torch
     from safetensors.torch import load_file
 
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "envace.cli"]
+    torchrun = [*TORCHRUN, "-m", "envace.cli"]
+    fsdp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "experiments/accelerate_fsdp.yaml",
+            "--num_processes", "2", "--main_process_port", "0", "-m", "envace.cli"]
     common = ["--root", str(tmp_path), "--set", "tasks_per_step=2", "--set", "sft_tasks=2", "--set", "lora=false"]
-    for name, shard in (("plain", "false"), ("zero", "true")):
-        done = subprocess.run(torchrun + ["train", "experiments/smoke.toml", "--run-name", name, *common,
-                                          "--set", f"shard_optimizer={shard}"], capture_output=True, text=True,
-                              timeout=600)
+
+    def train(launcher, *args):
+        return subprocess.run(launcher + ["train", "experiments/smoke.toml", *common, *args], capture_output=True,
+                              text=True, timeout=600)
+
+    for launcher, name, shard in ((torchrun, "plain", "false"), (torchrun, "zero", "true"), (fsdp, "fsdp", "false")):
+        done = train(launcher, "--run-name", name, "--set", f"shard_optimizer={shard}")
         assert done.returncode == 0, done.stderr[-2000:]
-    plain, zero = (load_file(tmp_path / n / "checkpoint" / "model.safetensors") for n in ("plain", "zero"))
-    assert plain.keys() == zero.keys()
+    plain, zero, sharded = (load_file(tmp_path / n / "checkpoint" / "model.safetensors")
+                            for n in ("plain", "zero", "fsdp"))
+    assert plain.keys() == zero.keys() == sharded.keys()
     assert all(torch.allclose(plain[k], zero[k], atol=1e-6) for k in plain)
-    state = torch.load(tmp_path / "zero" / "state.pt", weights_only=True)
-    assert len(state["optimizer"]["state"]) == len(state["model"])  # every weight's moments, not one shard's
-    done = subprocess.run(torchrun + ["train", "experiments/smoke.toml", "--resume", "zero", *common,
-                                      "--set", "shard_optimizer=true", "--set", "grpo_steps=3"],
+    assert all(torch.allclose(plain[k], sharded[k], atol=1e-5) for k in plain)
+    for name in ("zero", "fsdp"):
+        state = torch.load(tmp_path / name / "state.pt", weights_only=True)
+        assert state["fsdp"] == (name == "fsdp")
+        assert len(state["optimizer"]["state"]) == len(state["model"])  # every weight's moments, not one shard's
+    done = train(torchrun, "--resume", "zero", "--set", "shard_optimizer=true", "--set", "grpo_steps=3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    done = train(fsdp, "--resume", "fsdp", "--set", "grpo_steps=3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("zero", "fsdp"):
+        assert torch.load(tmp_path / name / "state.pt", weights_only=True)["next_step"] == 3
+    done = train(torchrun, "--resume", "fsdp", "--set", "grpo_steps=4")  # FSDP's state needs FSDP to resume
+    assert done.returncode != 0 and "saved with FSDP" in done.stdout + done.stderr
+
+
+def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_path):
+    from envace.training.fsdp import launcher_fsdp
+
+    assert launcher_fsdp() is None
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    assert launcher_fsdp() == {"reshard_after_forward": False, "activation_checkpointing": False}
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "zero",
+                 "--set", "shard_optimizer=true"]) == 2  # FSDP already shards the optimizer state
+    for key, value in (("FSDP_VERSION", "1"), ("FSDP_OFFLOAD_PARAMS", "true")):
+        with monkeypatch.context() as m:
+            m.setenv(key, value)
+            assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", key]) == 2
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "fsdp=true",
+                 "--set", "shard_optimizer=true"]) == 2
+    assert not list(tmp_path.iterdir())  # refused before any run was created
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, lora):
+    """Two FSDP processes with unequal shares (one pads with idle passes) take, over two updates with a
+    save and load between them, the steps one process takes with the whole batch."""
+    import json
+
+    out = tmp_path / "result.json"
+    done = subprocess.run([*TORCHRUN, "tests/fsdp_worker.py", str(out), *(["lora"] if lora else [])],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert torch.load(tmp_path / "zero" / "state.pt", weights_only=True)["next_step"] == 3
+    result = json.loads(out.read_text())
+    assert not result["skipped"] and result["moved"] > 1e-3  # the updates did something
+    assert result["weights"] < 1e-5 and result["moments"] < 1e-6
+    assert result["saved"] == [result["tensors"]] * 2  # whole weights and moments, not one shard

@@ -10,8 +10,9 @@ Process 0 alone writes metrics, evaluations, `state.pt` and the checkpoint.
 With `shard_optimizer`, AdamW's moments are partitioned across processes (ZeRO stage 1, torch's
 `ZeroRedundancyOptimizer`): each process updates its slice of the weights and broadcasts it. That
 is the memory a full fine-tune runs out of first (two fp32 moments per weight), and it keeps whole
-parameters and whole gradients on every process, which the hand-summed gradients above need; FSDP
-and ZeRO-2/3 shard those too and are not wired.
+parameters and whole gradients on every process. With `fsdp` those are sharded too (`fsdp.py`):
+gradients are then reduce-scattered in the backward pass instead of summed here, every process runs
+the same number of passes, and rollouts run on a whole copy of the weights.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import TypeVar
 
 import torch
 
+from envace.errors import UsageError
+
 T = TypeVar("T")
 
 
@@ -32,9 +35,9 @@ def launch_position() -> tuple[int, int]:
 
 
 class Processes:
-    """This process's rank among `world` data-parallel processes."""
+    """This process's rank among `world` data-parallel processes, and how the model is spread over them."""
 
-    def __init__(self) -> None:
+    def __init__(self, fsdp: bool = False, reshard_after_forward: bool = True) -> None:
         self.rank, self.world = launch_position()
         if self.world > 1:
             from accelerate import PartialState
@@ -42,6 +45,38 @@ class Processes:
             # gloo on CPU (tests run two processes under torchrun), NCCL on GPUs.
             state = PartialState(cpu=not torch.cuda.is_available())
             self.rank, self.world = state.process_index, state.num_processes
+        self.fsdp = fsdp and self.world > 1
+        # NCCL reduces only tensors on the process's GPU; gloo takes CPU tensors.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self.reshard_after_forward = reshard_after_forward
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard `model` for training when `fsdp`; returns the model rollouts generate with."""
+        if not self.fsdp:
+            return model
+        from envace.training.fsdp import shard
+
+        return shard(model, self.reshard_after_forward)
+
+    def sync(self, model: torch.nn.Module, generator: torch.nn.Module) -> None:
+        """After an update: the generation copy takes the trained weights (a no-op when they are one model)."""
+        if generator is not model:
+            from envace.training.fsdp import sync
+
+            sync(model, generator)
+
+    def passes(self, count: int) -> int:
+        """Forward/backward passes this process runs: the most any process needs under FSDP (collectives)."""
+        if not self.fsdp:
+            return count
+        t = torch.tensor([count], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
+
+    def gradient_sync(self, model: torch.nn.Module, last: bool) -> None:
+        """Under FSDP, reduce-scatter the accumulated gradients only in the last backward pass."""
+        if self.fsdp:
+            model.set_requires_gradient_sync(last)
 
     @property
     def main(self) -> bool:
@@ -53,15 +88,16 @@ class Processes:
     def total(self, value: float) -> float:
         if self.world == 1:
             return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t)
         return t.item()
 
     def sum_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:
-        """Sum every gradient across processes; False everywhere if any process saw a non-finite loss."""
+        """Sum every gradient across processes (FSDP did in the backward pass); False everywhere if any
+        process saw a non-finite loss."""
         if self.world == 1:
             return finite
-        for p in params:
+        for p in params if not self.fsdp else ():  # FSDP reduced them in the backward pass
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             torch.distributed.all_reduce(p.grad)
@@ -69,17 +105,40 @@ class Processes:
 
     def optimizer(self, params: list[torch.nn.Parameter], lr: float, shard: bool) -> torch.optim.Optimizer:
         """AdamW, its state sharded across the processes when `shard` and there are several."""
-        if shard and self.world > 1:
+        if shard and self.world > 1 and not self.fsdp:  # FSDP's moments are sharded with the weights
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
         return torch.optim.AdamW(params, lr=lr)
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The whole optimizer state on process 0 (gathered from every shard: all processes must call)."""
-        if hasattr(optimizer, "consolidate_state_dict"):
+    def state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+        """Trainable weights and optimizer state, whole, on process 0 (gathered from every shard: all
+        processes must call); None elsewhere."""
+        if self.fsdp:
+            from envace.training import fsdp
+
+            weights, moments = fsdp.full_trainable(model), fsdp.optimizer_state(model, optimizer)
+        elif hasattr(optimizer, "consolidate_state_dict"):
             optimizer.consolidate_state_dict(to=0)
-        return optimizer.state_dict() if self.main else None
+        if not self.main:
+            return None
+        if not self.fsdp:
+            weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+            moments = optimizer.state_dict()
+        return {"model": weights, "optimizer": moments, "fsdp": self.fsdp}
+
+    def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """The inverse of `state` (every process reads the saved file itself)."""
+        if state.get("fsdp", False) != self.fsdp:
+            raise UsageError("this run's state was saved " + ("with" if state.get("fsdp") else "without") +
+                             " FSDP: resume it the same way (same fsdp setting, several processes)")
+        if self.fsdp:
+            from envace.training.fsdp import load
+
+            load(model, optimizer, state)
+        else:
+            model.load_state_dict(state["model"], strict=False)
+            optimizer.load_state_dict(state["optimizer"])
 
     def wait(self) -> None:
         if self.world > 1:

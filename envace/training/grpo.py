@@ -120,24 +120,32 @@ def policy_loss(model, packs: list[list[Row]], advantages: list[float], pad_id: 
 
 
 def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1,
-             total_rows: int | None = None) -> dict:
+             total_rows: int | None = None, processes=None) -> dict:
     """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` packs at a time.
 
     Micro-batches of one pack avoid padding, which on CPU keeps attention on its fast causal path for
     prompts of thousands of tokens; the summed gradients equal the full batch's. `total_rows` is the
-    batch size the loss is normalised by when other processes hold the rest of the batch.
+    batch size the loss is normalised by when other `processes` hold the rest of the batch. Every pass
+    back-propagates, even a non-finite one (the caller then skips the update), and under FSDP a
+    process with fewer packs runs idle passes (advantage 0): its peers wait for it in each collective.
     """
     total_rows = total_rows or len(rows)
     packs = pack(rows)
+    groups = [packs[i: i + micro_batch] for i in range(0, len(packs), micro_batch)]
+    chunks = [([[rows[j] for j in pk] for pk in g], [advantages[j] for pk in g for j in pk]) for g in groups]
+    passes = processes.passes(len(chunks)) if processes else len(chunks)
+    idle = ([[Row("", "", [pad_id], [pad_id], 0.0)]], [0.0])
     loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
-    for i in range(0, len(packs), micro_batch):
-        chunk = packs[i: i + micro_batch]
+    for i in range(passes):
+        if processes:
+            processes.gradient_sync(model, last=i == passes - 1)
+        chunk, advs = chunks[i] if i < len(chunks) else idle
+        loss, stats = policy_loss(model, chunk, advs, pad_id)
         n = sum(len(pk) for pk in chunk)
-        loss, stats = policy_loss(model, [[rows[j] for j in pk] for pk in chunk],
-                                  [advantages[j] for pk in chunk for j in pk], pad_id)
+        (loss * n / total_rows).backward()
+        if i >= len(chunks):
+            continue
         finite = finite and bool(torch.isfinite(loss))
-        if finite:
-            (loss * n / total_rows).backward()
         loss_sum += stats["loss"] * n
         entropy_sum += stats["entropy"] * stats["tokens"]
         tokens += stats["tokens"]
@@ -150,14 +158,17 @@ def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id
     """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step.
 
     With data-parallel `processes` (`envace.training.distributed`), `rows` is this process's share
-    and the gradients of all shares are summed before clipping.
+    and the gradients of all shares are summed before clipping (FSDP: reduce-scattered, and clipped
+    by the global norm).
     """
     optimizer.zero_grad(set_to_none=True)
     total = int(processes.total(len(rows))) if processes else len(rows)
-    stats = backward(model, rows, advantages, pad_id, micro_batch, total)
+    stats = backward(model, rows, advantages, pad_id, micro_batch, total, processes)
     params = [p for p in model.parameters() if p.requires_grad]
     finite = processes.sum_gradients(params, stats.pop("finite")) if processes else stats.pop("finite")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if finite else None
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor, the same global norm everywhere
+        grad_norm = grad_norm.full_tensor()
     if grad_norm is None or not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
         return {**stats, "skipped": True, "grad_norm": float("nan")}

@@ -5,7 +5,8 @@ environment), scores every episode with the checklist reward, turns every genera
 and takes one update (`grpo.grpo_step`). Per-step, per-role metrics and every step's episodes go to
 the run store; the final weights are saved under the run folder. Optional on top: a Dyna-style share
 of calls answered by the real environment (`real_fraction`), evaluation on test tasks every
-`eval_every` updates, and data parallelism over `accelerate launch` processes (`distributed.py`).
+`eval_every` updates, and data parallelism over `accelerate launch` processes (`distributed.py`),
+optionally fully sharded (`fsdp.py`), in which case rollouts run on a whole copy of the weights.
 
 Resume is exact because nothing random carries over between steps: step k's tasks and sampling
 seeds derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written
@@ -34,6 +35,7 @@ from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.rollout import Episode, RolloutEngine
 from envace.store import Run
 from envace.training.distributed import Processes
+from envace.training.fsdp import launcher_fsdp
 from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages
 from envace.training.rows import episode_rows, reference_rows
 from envace.types import Role
@@ -45,13 +47,12 @@ def _metric_rows(run: Run, step: int, phase: str, values: dict[str, dict[str, fl
 
 
 def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes) -> None:
-    """Every process calls this (a sharded optimizer gathers its state); process 0 writes `state.pt`."""
-    optimizer_state = procs.optimizer_state(optimizer)
+    """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`."""
+    state = procs.state(model, optimizer)
     if not procs.main:
         return
-    trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     tmp = run.path / f".state.{os.getpid()}.partial"
-    torch.save({"next_step": next_step, "model": trainable, "optimizer": optimizer_state}, tmp)
+    torch.save({"next_step": next_step, **state}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
 
 
@@ -160,7 +161,8 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
         for chunk in chunks:
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
             optimizer.zero_grad(set_to_none=True)
-            stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk))
+            stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk),
+                             processes=procs)
             params = [p for p in model.parameters() if p.requires_grad]
             if procs.sum_gradients(params, stats["finite"]):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -176,8 +178,18 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
     return nll
 
 
+def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:
+    """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask."""
+    procs = Processes(fsdp=cfg.fsdp or launcher is not None,
+                      reshard_after_forward=launcher["reshard_after_forward"] if launcher else True)
+    if (cfg.fsdp or launcher) and procs.world == 1:
+        say("fsdp: a single process has nothing to shard across; training unsharded")
+    return procs
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
-    procs = Processes()
+    launcher = launcher_fsdp(cfg.shard_optimizer)
+    procs = _processes(cfg, launcher, say)
     if procs.world > cfg.tasks_per_step:
         raise UsageError(f"{procs.world} processes need tasks_per_step >= {procs.world} (each plays whole tasks)")
     if not procs.main:
@@ -185,11 +197,12 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     torch.manual_seed(cfg.seed)
     bench = registry.get(cfg.env)
     model, tok = load_policy(cfg.model, cfg.dtype)
-    if cfg.gradient_checkpointing:
+    if cfg.gradient_checkpointing or (launcher and launcher["activation_checkpointing"]):
         model.activation_checkpointing_enable()
         model.enable_input_require_grads()  # LoRA leaves the embeddings frozen; checkpointed blocks need a grad path
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
+    generator = procs.prepare(model)  # `model` itself unless FSDP shards it
     pad = tok.pad_token_id
     train_tasks = bench.load_tasks(cfg.category, "train")
     bank = ExampleBank(train_tasks)
@@ -199,9 +212,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     saved = state_path.exists()  # read once: every process must agree on whether to save (a collective)
     start = 0
     if resume and saved:
-        state = torch.load(state_path, weights_only=True, map_location=model.device)
-        model.load_state_dict(state["model"], strict=False)
-        optimizer.load_state_dict(state["optimizer"])
+        state = torch.load(state_path, weights_only=True, map_location=generator.device)
+        procs.load(model, optimizer, state)
         start = state["next_step"]
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
@@ -214,14 +226,15 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             run.update(summary=summary)
     if not saved:
         _save_state(run, model, optimizer, 0, procs)
+    procs.sync(model, generator)
 
-    backend = HFBackend(model, tok)
+    backend = HFBackend(generator, tok)
     if cfg.eval_every and start == 0:
-        _evaluate_at(0, backend, bench, cfg, bank, run, model, procs, say)
+        _evaluate_at(0, backend, bench, cfg, bank, run, generator, procs, say)
     started = time.perf_counter()
     for step in range(start, cfg.grpo_steps):
         tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step))
-        model.eval()
+        generator.eval()
         backend.clear_caches()  # cached keys and values belong to the weights before the last update
         rollout = replace(cfg.rollout(step), seed=cfg.seed * 7919 + step + 1_000_003 * procs.rank)
         engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
@@ -233,6 +246,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         model.train()
         advantages = role_advantages(rows, cfg.scale_by_std)
         stats = grpo_step(model, optimizer, rows, advantages, pad, processes=procs if procs.world > 1 else None)
+        procs.sync(model, generator)
         per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
         shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
         if procs.main:
@@ -245,13 +259,13 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             + (" (skipped: non-finite)" if stats["skipped"] else "")
             + f"; {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
-            _evaluate_at(step + 1, backend, bench, cfg, bank, run, model, procs, say)
+            _evaluate_at(step + 1, backend, bench, cfg, bank, run, generator, procs, say)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
             _save_state(run, model, optimizer, step + 1, procs)
     out = run.path / "checkpoint"
     if procs.main:
         partial = run.path / f".checkpoint.{os.getpid()}.partial"
-        (model.merge_and_unload() if cfg.lora else model).save_pretrained(partial)
+        (generator.merge_and_unload() if cfg.lora else generator).save_pretrained(partial)
         tok.save_pretrained(partial)
         if out.exists():  # a resumed run replaces its earlier checkpoint
             shutil.rmtree(out)

@@ -1,0 +1,76 @@
+"""Run under `torchrun --nproc_per_node 2` by tests/test_train.py: two FSDP updates on unequal shares
+must equal the updates one unsharded process takes with the whole batch, also across a save and load.
+
+Writes {"weights": max |Δ|, "moments": max |Δ|, ...} to the path in argv[1] (process 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import torch
+
+from envace.policy.models import add_lora
+from envace.policy.tiny import build_tiny
+from envace.training.distributed import Processes
+from envace.training.grpo import Row, grpo_step
+
+ROWS = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "caller", [1, 5, 7, 9, 11, 4], [12], 1.0),
+        Row("B", "rehearser", [1, 4, 6], [8, 3], 0.0), Row("C", "caller", [2, 5], [10, 2, 2], 0.0),
+        Row("D", "rehearser", [3, 3, 8], [4, 4, 4, 4], 1.0)]
+ADVANTAGES = [0.5, 0.5, -1.0, 0.25, -0.4]
+SHARES = [[0, 1, 2, 4], [3]]  # process 0 runs three packs, process 1 one: it must pad with idle passes
+
+
+def trainable(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def main(out: str, lora: bool) -> None:
+    procs = Processes(fsdp=True)
+    base, tok = build_tiny(seed=2)
+    if lora:
+        base = add_lora(base, 4)
+        for n, p in base.named_parameters():  # LoRA's B starts at zero: give both factors a gradient
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(len(n)))
+    reference = copy.deepcopy(base).train()
+    ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
+    model = copy.deepcopy(base).train()
+    generator = procs.prepare(model)
+    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], 1e-2, shard=False)
+    share = SHARES[procs.rank]
+    rows, advantages = [ROWS[i] for i in share], [ADVANTAGES[i] for i in share]
+
+    names = [n for n, p in reference.named_parameters() if p.requires_grad]
+    grpo_step(reference, ref_opt, ROWS, ADVANTAGES, tok.pad_token_id)
+    ref_moments = {names[i]: s["exp_avg"].clone() for i, s in ref_opt.state_dict()["state"].items()}
+    grpo_step(model, optimizer, rows, advantages, tok.pad_token_id, processes=procs)
+    procs.sync(model, generator)
+    state = procs.state(model, optimizer)
+    if procs.main:
+        torch.save(state, f"{out}.state.pt")
+    procs.wait()
+
+    # A fresh sharded model loads that state and takes a second step: what a resumed run does.
+    again = copy.deepcopy(base).train()
+    generator = procs.prepare(again)
+    optimizer = procs.optimizer([p for p in again.parameters() if p.requires_grad], 1e-2, shard=False)
+    procs.load(again, optimizer, torch.load(f"{out}.state.pt", weights_only=True))
+    grpo_step(reference, ref_opt, ROWS, ADVANTAGES, tok.pad_token_id)
+    stats = grpo_step(again, optimizer, rows, advantages, tok.pad_token_id, processes=procs)
+    procs.sync(again, generator)
+    if procs.main:
+        ref, got, saved = trainable(reference), dict(generator.named_parameters()), state["optimizer"]["state"]
+        json.dump({"weights": max((ref[n] - got[n]).abs().max().item() for n in ref),
+                   "moved": max((ref[n] - w).abs().max().item() for n, w in trainable(base).items()),
+                   "tensors": len(ref), "saved": [len(state["model"]), len(saved)],
+                   "moments": max((saved[n]["exp_avg"] - m).abs().max().item() for n, m in ref_moments.items()),
+                   "skipped": stats["skipped"]}, open(out, "w"))
+    procs.wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], lora=sys.argv[2:] == ["lora"])
