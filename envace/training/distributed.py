@@ -117,15 +117,13 @@ class Processes:
         if self.fsdp:
             from envace.training import fsdp
 
-            weights, moments = fsdp.full_trainable(model), fsdp.optimizer_state(model, optimizer)
-        elif hasattr(optimizer, "consolidate_state_dict"):
-            optimizer.consolidate_state_dict(to=0)
-        if not self.main:
-            return None
-        if not self.fsdp:
+            weights, moments = fsdp.full_trainable(model, self.main), fsdp.optimizer_state(model, optimizer)
+        else:
+            if hasattr(optimizer, "consolidate_state_dict"):  # ZeRO-1: gathered on process 0 only
+                optimizer.consolidate_state_dict(to=0)
             weights = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-            moments = optimizer.state_dict()
-        return {"model": weights, "optimizer": moments, "fsdp": self.fsdp}
+            moments = optimizer.state_dict() if self.main else None
+        return {"model": weights, "optimizer": moments, "fsdp": self.fsdp} if self.main else None
 
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """The inverse of `state` (every process reads the saved file itself)."""

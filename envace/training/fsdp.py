@@ -73,17 +73,25 @@ def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.n
     return generator
 
 
-def full_trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every trainable weight, whole, on every process (a collective: all processes call it in step)."""
-    return {n: p.full_tensor().detach() for n, p in model.named_parameters() if p.requires_grad}
+def full_trainable(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """Every trainable weight, whole and in CPU memory, where `keep` (a collective: every process calls
+    it, one tensor gathered at a time)."""
+    out = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            whole = p.full_tensor()  # every process takes part in each gather
+            if keep:
+                out[name] = whole.detach().cpu()
+    return out
 
 
 @torch.no_grad()
 def sync(model: torch.nn.Module, generator: torch.nn.Module) -> None:
-    """Copy the trained weights into the generation copy (collective)."""
+    """Copy the trained weights into the generation copy (collective), one tensor gathered at a time."""
     weights = dict(generator.named_parameters())
-    for name, value in full_trainable(model).items():
-        weights[name].copy_(value)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            weights[name].copy_(p.full_tensor())
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
