@@ -67,11 +67,7 @@ class Processes:
 
     def passes(self, count: int) -> int:
         """Forward/backward passes this process runs: the most any process needs under FSDP (collectives)."""
-        if not self.fsdp:
-            return count
-        t = torch.tensor([count], device=self.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return int(t.item())
+        return int(self._reduce(count, torch.distributed.ReduceOp.MAX)) if self.fsdp else count
 
     def gradient_sync(self, model: torch.nn.Module, last: bool) -> None:
         """Under FSDP, reduce-scatter the accumulated gradients only in the last backward pass."""
@@ -86,10 +82,11 @@ class Processes:
         return list(items[self.rank:: self.world])
 
     def total(self, value: float) -> float:
-        if self.world == 1:
-            return value
+        return self._reduce(value, torch.distributed.ReduceOp.SUM) if self.world > 1 else value
+
+    def _reduce(self, value: float, op) -> float:
         t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t)
+        torch.distributed.all_reduce(t, op=op)
         return t.item()
 
     def sum_gradients(self, params: list[torch.nn.Parameter], finite: bool) -> bool:

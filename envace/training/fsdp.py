@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -73,25 +74,24 @@ def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.n
     return generator
 
 
-def full_trainable(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
-    """Every trainable weight, whole and in CPU memory, where `keep` (a collective: every process calls
-    it, one tensor gathered at a time)."""
-    out = {}
+def _gathered(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of each trainable weight, gathered one at a time (every process must iterate)."""
     for name, p in model.named_parameters():
         if p.requires_grad:
-            whole = p.full_tensor()  # every process takes part in each gather
-            if keep:
-                out[name] = whole.detach().cpu()
-    return out
+            yield name, p.full_tensor()
+
+
+def full_trainable(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor]:
+    """Every trainable weight, whole and in CPU memory, where `keep` (a collective)."""
+    return {name: whole.detach().cpu() for name, whole in _gathered(model) if keep}
 
 
 @torch.no_grad()
 def sync(model: torch.nn.Module, generator: torch.nn.Module) -> None:
-    """Copy the trained weights into the generation copy (collective), one tensor gathered at a time."""
+    """Copy the trained weights into the generation copy (a collective)."""
     weights = dict(generator.named_parameters())
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            weights[name].copy_(p.full_tensor())
+    for name, whole in _gathered(model):
+        weights[name].copy_(whole)
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
