@@ -180,9 +180,9 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
 
 def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:
     """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask."""
-    procs = Processes(fsdp=cfg.fsdp or launcher is not None,
-                      reshard_after_forward=launcher["reshard_after_forward"] if launcher else True)
-    if (cfg.fsdp or launcher) and procs.world == 1:
+    fsdp = cfg.fsdp or launcher is not None
+    procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True)
+    if fsdp and procs.world == 1:
         say("fsdp: a single process has nothing to shard across; training unsharded")
     return procs
 
@@ -245,7 +245,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
                 for r in episode_rows(ep, row["checklist"], cfg.trained_roles)]
         model.train()
         advantages = role_advantages(rows, cfg.scale_by_std)
-        stats = grpo_step(model, optimizer, rows, advantages, pad, processes=procs if procs.world > 1 else None)
+        stats = grpo_step(model, optimizer, rows, advantages, pad, processes=procs)
         procs.sync(model, generator)
         per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
         shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
