@@ -68,7 +68,7 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
         row = frame.iloc[evt.index[0]]
         detail = wb.rehearsed_turn(run_id, row["episode_id"], int(row["turn"]))
         steps = wb.steps(run_id, row["episode_id"])
-        first = steps[(steps["turn"] == row["turn"]) & (steps["step"] == 0) & (steps["role"] == "caller")]
+        first = steps[(steps["turn"] == row["turn"]) & (steps["turn_step"] == 0) & (steps["role"] == "caller")]
         return (detail["imagined"], row["memory"] or f"(no memory: {row['memory_error']})",
                 first["completion_text"].iloc[0] if len(first) else "")
 

@@ -64,7 +64,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
         if not run_id or not episode_id:
             return "<div class='empty'>Pick a run and an episode.</div>"
         steps = wb.steps(run_id, episode_id)
-        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles))
+        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id)
         return body + (tokens_html(steps) if tokens else "")
 
     def pick(frame: pd.DataFrame, evt: gr.SelectData):

@@ -51,8 +51,17 @@ def response_html(text: str | None, marks: dict[str, str]) -> str:
     return _json_html(value, "$", marks)
 
 
+def _missing(value: Any) -> bool:
+    """None, or a NaN: pandas turns a missing value into NaN when a column mixes rows with and without it."""
+    return value is None or (isinstance(value, float) and pd.isna(value))
+
+
+def _text(value: Any) -> str:
+    return "" if _missing(value) else str(value)
+
+
 def _score(value: Any) -> str:
-    return "–" if value is None or (isinstance(value, float) and pd.isna(value)) else f"{float(value):.2f}"
+    return "–" if _missing(value) else f"{float(value):.2f}"
 
 
 def pair_html(call: dict[str, Any]) -> str:
@@ -94,36 +103,38 @@ def _reward(row: dict[str, Any]) -> str:
     return shown if advantage is None or pd.isna(advantage) else f"{shown} · advantage {float(advantage):+.3f}"
 
 
-def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...] = ("caller", "rehearser")) -> str:
+def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...] = ("caller", "rehearser"),
+                 episode_id: str = "") -> str:
     """The episode aligned turn by turn: user message, each caller message with its calls, each call's
     pair; the rehearser row that answered a call is shown under it with its reward and advantage."""
+    opening = f'<div class="episode" data-episode="{escape(episode_id)}">'
     if steps.empty:
-        return '<div class="empty">This episode has no stored generations.</div>'
-    rehearser_rows = {(r["turn"], r["step"], r["call_index"]): r for r in steps.to_dict("records")
+        return opening + "This episode has no stored generations.</div>"
+    rehearser_rows = {(r["turn"], r["turn_step"], r["call_index"]): r for r in steps.to_dict("records")
                       if r["role"] == "rehearser"}
     calls_at: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for call in calls.to_dict("records"):
-        calls_at.setdefault((call["turn"], call["step"]), []).append(call)
+        calls_at.setdefault((call["turn"], call["turn_step"]), []).append(call)
     parts: list[str] = []
     for row in steps.to_dict("records"):
         if row["role"] != "caller":
             continue
-        if row["step"] == 0:
+        if row["turn_step"] == 0:
             parts.append(f'<h4>Turn {row["turn"] + 1}</h4><div class="user"><b>user</b> '
-                         f'{escape(str(row["user_message"] or ""))}</div>')
+                         f'{escape(_text(row["user_message"]))}</div>')
         if "caller" in roles:
-            error = (f' <span class="error">parse error: {escape(row["parse_error"])}</span>'
-                     if row["parse_error"] else "")
+            error = (f' <span class="error">parse error: {escape(_text(row["parse_error"]))}</span>'
+                     if _text(row["parse_error"]) else "")
             parts.append(f'<div class="caller" style="background:{ROLE_COLOURS["caller"]}"><b>caller</b> · step '
-                         f'{row["step"]} · {row["tokens"]} tokens · {_reward(row)}{error}'
-                         f'<pre>{escape(str(row["completion_text"]))}</pre></div>')
-        for call in calls_at.get((row["turn"], row["step"]), []):
+                         f'{row["turn_step"]} · {row["tokens"]} tokens · {_reward(row)}{error}'
+                         f'<pre>{escape(_text(row["completion_text"]))}</pre></div>')
+        for call in calls_at.get((row["turn"], row["turn_step"]), []):
             parts.append(pair_html(call))
-            rehearsal = rehearser_rows.get((call["turn"], call["step"], call["call_index"]))
+            rehearsal = rehearser_rows.get((call["turn"], call["turn_step"], call["call_index"]))
             if rehearsal is not None and "rehearser" in roles:
                 parts.append(f'<div class="rehearser" style="background:{ROLE_COLOURS["rehearser"]}"><b>rehearser</b>'
                              f' · {rehearsal["tokens"]} tokens · {_reward(rehearsal)}</div>')
-    return '<div class="episode">' + "\n".join(parts) + "</div>"
+    return opening + "\n".join(parts) + "</div>"
 
 
 def tokens_html(steps: pd.DataFrame) -> str:
@@ -134,7 +145,7 @@ def tokens_html(steps: pd.DataFrame) -> str:
         mean = (f" · mean logprob {sum(logprobs) / len(logprobs):.2f}"
                 if logprobs is not None and len(logprobs) else "")
         parts.append(f'<span class="gen {row["role"]}" style="background:{ROLE_COLOURS.get(row["role"], "#eee")}" '
-                     f'title="{row["role"]} · turn {row["turn"]} step {row["step"]}{mean}">'
+                     f'title="{row["role"]} · turn {row["turn"]} step {row["turn_step"]}{mean}">'
                      f'{escape(str(row["completion_text"]))}</span>')
     return '<pre class="tokens" style="white-space:pre-wrap">' + "".join(parts) + "</pre>"
 

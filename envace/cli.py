@@ -1,25 +1,36 @@
-"""`envace …` commands. The one place that wires environments, backends, the engine and the store.
+"""`envace …` commands: argparse → config → job (`envace.jobs`) → table. Nothing else lives here.
 
-Bad input (unknown names, missing paths, malformed configs) prints one `error:` line and exits 2;
-an interrupted job keeps every batch it already stored.
+Bad input (unknown names, missing paths, malformed configs, wrong types) prints one `error:` line and
+exits 2; an interrupted job keeps every step it already stored. The app and the store benchmark sit
+above this package: their commands run them as their own programs (`python -m apps`,
+`python -m workbench.bench`), so no arrow points up.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 import time
-from dataclasses import asdict, fields
+import tomllib
+import typing
+from dataclasses import MISSING, fields
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from envace.config import PrivateOptions, RolloutConfig, from_dict, load_toml
+from envace.config import PrivateOptions, RolloutConfig, TrainConfig, choices, load_toml
 from envace.errors import UsageError
+from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job
 from envace.paths import runs_root
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--ro DIR` must never mean `--root DIR`
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
         raise UsageError(message)
 
@@ -33,28 +44,115 @@ def _console():
     return console
 
 
-# -- rollout ---------------------------------------------------------------------------------------
+class _LiveReporter(Reporter):
+    """A progress bar with the episodes' outcomes; in a log (no terminal) one line per engine step."""
+
+    def __init__(self, console) -> None:
+        self.console = console
+        self.progress, self.bar, self.done = None, None, {"n": 0, "ok": 0, "steps": 0}
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False)
+
+    def begin(self, total: int) -> None:
+        self.done = {"n": 0, "ok": 0, "steps": 0}
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[status]}"), console=self.console)
+        self.progress.start()
+        self.bar = self.progress.add_task("episodes", total=total, status="")
+
+    def step(self, waiting: int, tokens: int) -> None:
+        self.done["steps"] += 1
+        status = f"step {self.done['steps']}: {waiting} episode(s) generating, {tokens} tokens so far"
+        self.progress.update(self.bar, status=status)
+        if not self.console.is_terminal:
+            self.console.print(status)
+
+    def episode(self, row: dict[str, Any]) -> None:
+        self.done["n"] += 1
+        self.done["ok"] += bool(row["success"])
+        self.progress.update(self.bar, advance=1, status=f"success {self.done['ok']}/{self.done['n']}")
+        super().episode(row)
+
+    def end(self) -> None:
+        self.progress.stop()
+
+
+# -- flags from config fields ------------------------------------------------------------------------
 
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
                   "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns")
+_PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
+                  "measure_change": "measure_change"}  # flag → field of [rollout.private]
+_DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",
+               "--rehearsal-steps": "--private-steps"}
 
 
-# flag → field of [rollout.private]
-_PRIVATE_FLAGS = {"rehearsal": "mode", "budget": "budget", "rehearsal_scope": "scope",
-                  "rehearsal_steps": "max_steps", "measure_change": "measure_change"}
+def _typed(text: str) -> Any:
+    """A flag's value read as a TOML literal (3, 0.5, true, "x"), else as the text itself; the config then
+    checks it against the field's type, so a flag and a file give the same message for the same mistake."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
-def _rollout_config(args: argparse.Namespace) -> RolloutConfig:
+def _help(f, hint: Any) -> str:
+    text = f.metadata.get("help", "")
+    if choices(hint):
+        text += f" {{{', '.join(map(str, choices(hint)))}}}"
+    default = f.default if f.default is not MISSING else None
+    return (text + f" (default: {default})").replace("%", "%%")  # argparse %-formats help text
+
+
+def _add_config_flags(p: argparse.ArgumentParser, names: tuple[str, ...] = _ROLLOUT_FLAGS,
+                      private: bool = True) -> None:
+    hints = typing.get_type_hints(RolloutConfig)
+    by_name = {f.name: f for f in fields(RolloutConfig)}
+    for name in names:
+        plain = hints[name] is str  # text fields take the flag's text as it is
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, type=str if plain else _typed,
+                       help=_help(by_name[name], hints[name]))
+    p.add_argument("--domain", dest="category", default=None,
+                   help="τ²: airline | retail | telecom | telecom_solo (the category)")
+    if private:
+        hints = typing.get_type_hints(PrivateOptions)
+        options = {f.name: f for f in fields(PrivateOptions)}
+        for flag, key in _PRIVATE_FLAGS.items():
+            kind = {"action": "store_const", "const": True} if key == "measure_change" else {"type": _typed}
+            p.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None,
+                           help="private rehearsal: " + _help(options[key], hints[key]), **kind)
+
+
+def _rollout_config(args: argparse.Namespace, names: tuple[str, ...] = _ROLLOUT_FLAGS) -> RolloutConfig:
     data: dict[str, Any] = {}
+    where = ""
     if args.config:
         raw = load_toml(args.config)
-        data.update(raw.get("rollout", raw))
-    data.update({k: getattr(args, k) for k in _ROLLOUT_FLAGS if getattr(args, k) is not None})
-    private = {key: getattr(args, flag) for flag, key in _PRIVATE_FLAGS.items() if getattr(args, flag) is not None}
+        table = raw.get("rollout", raw)
+        if not isinstance(table, dict):
+            raise UsageError(f"{args.config}: [rollout] must be a table")
+        data.update(table)
+        where = f"{args.config} [rollout]"
+    data.update({k: getattr(args, k) for k in names + ("category",) if getattr(args, k, None) is not None})
+    private = {key: getattr(args, flag) for flag, key in _PRIVATE_FLAGS.items()
+               if getattr(args, flag, None) is not None}
     if private:
+        if not isinstance(data.get("private", {}), dict):
+            raise UsageError(f"{where}: private must be a table")
         data["private"] = {**data.get("private", {}), **private}
-    return from_dict(RolloutConfig, data, where=args.config or "rollout")
+    return RolloutConfig.from_dict(data, where=where)
 
 
 def summary_table(title: str, summary: dict[str, Any]):
@@ -79,141 +177,47 @@ def summary_table(title: str, summary: dict[str, Any]):
     return table
 
 
-def play(cfg: RolloutConfig, root, run_name: str | None, kind: str, console, backend=None):
-    """Play `cfg`'s episodes into a new run with progress lines; returns (run, summary)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+def _root_hint(args: argparse.Namespace) -> str:
+    return f" --root {args.root}" if args.root else ""
 
-    from envace.envs import registry
-    from envace.policy import load_backend
-    from envace.rehearsal.rollout import RolloutEngine
-    from envace.store import Run
 
-    bench = registry.get(cfg.env)
-    tasks = bench.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
-    if not tasks:
-        raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
-    private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
-    console.print(f"[bold]{kind}[/] {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × "
-                  f"{cfg.group_size}, mode {cfg.mode}{private}, model {cfg.model}")
-    if backend is None:
-        console.print("loading model …")
-        backend = load_backend(cfg.model, cfg.max_batch_tokens)
-    examples = None
-    if cfg.caller_demo or cfg.rehearser.fewshot == "other_tasks":
-        from envace.rehearsal.examples import ExampleBank
-
-        examples = ExampleBank(bench.load_tasks(cfg.category, "train"))
-    run = Run.create(root, kind, asdict(cfg), cfg.model, run_name)
-    user_backend = None
-    if cfg.user_model and any(t.simulated_user for t in tasks):
-        console.print(f"loading the simulated user's model {cfg.user_model} …")
-        user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens)
-    engine = RolloutEngine(backend, bench, cfg, backend.max_context, examples, user_backend)
-    total = len(tasks) * cfg.group_size
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console,
-                  transient=False) as progress:
-        bar = progress.add_task("episodes", total=total, status="")
-        done = {"n": 0, "ok": 0, "steps": 0}
-
-        def on_step(waiting: int, tokens: int) -> None:
-            done["steps"] += 1
-            status = f"step {done['steps']}: {waiting} episode(s) generating, {tokens} tokens so far"
-            progress.update(bar, status=status)
-            if not console.is_terminal:  # no live bar in a log: one line per step instead
-                console.print(status)
-
-        def on_episode(row: dict[str, Any]) -> None:
-            done["n"] += 1
-            done["ok"] += bool(row["success"])
-            progress.update(bar, advance=1, status=f"success {done['ok']}/{done['n']}")
-            console.print(f"  {row['episode_id']}: {'success' if row['success'] else 'fail'} "
-                          f"({row['termination']}, {row['n_turns']}/{row['n_ref_turns']} turns, "
-                          f"{row['n_calls']} calls)")
-
-        engine.on_step = on_step
-        with run.running():
-            summary = engine.run(tasks, run, on_episode).as_dict()
-    run.update(status="completed", summary=summary)
-    return run, summary
-
+# -- rollout / eval / sweep ------------------------------------------------------------------------------
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _rollout_config(args)
     console = _console()
-    run, summary = play(cfg, runs_root(args.root), args.run_name, getattr(args, "kind", "rollout"), console)
+    run, summary = rollout_job(cfg, runs_root(args.root), args.run_name, "rollout", _LiveReporter(console))
+    _done(console, args, run, summary)
+    return 0
+
+
+def _done(console, args: argparse.Namespace, run, summary: dict[str, Any]) -> None:
     console.print(summary_table(f"{run.run_id}", summary))
     console.print(f"stored in {run.path}")
-    console.print(f"next: [bold]envace show {run.run_id}[/]" + (f" --root {args.root}" if args.root else ""))
-    return 0
+    console.print(f"next: [bold]envace show {run.run_id}{_root_hint(args)}[/]")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """`envace eval CHECKPOINT|default`: a rollout of the test split (by default) stored as an eval run."""
-    if args.model is not None:
-        raise UsageError("envace eval takes the model as its first argument, not --model")
-    args.model, args.kind = args.checkpoint, "eval"
-    return cmd_rollout(args)
+    cfg = _rollout_config(args, _EVAL_FLAGS)
+    console = _console()
+    run, summary = eval_job(args.checkpoint, cfg, runs_root(args.root), args.run_name, _LiveReporter(console))
+    _done(console, args, run, summary)
+    return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Private-rehearsal budget grid × modes × models, one eval run per cell, one table."""
-    import shutil
-    from dataclasses import replace
-
     from rich.table import Table
 
-    from envace.policy import load_backend
     from envace.rehearsal import sweep
-    from envace.store import Run, check_run_id, get_run
 
-    if args.model or args.rehearsal or args.budget is not None:
-        raise UsageError("envace sweep sets the model and the rehearsal per cell: use --models, --modes, --budgets")
     models, modes, budgets = sweep.parse_grid(args.models.split(","), args.modes, args.budgets)
-    base = _rollout_config(args)
-    name = check_run_id(args.name)
-    root = runs_root(args.root)
+    base = _rollout_config(args, _SWEEP_FLAGS)
     console = _console()
-    grid = sweep.cells(models, modes, budgets)
-    configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget))
-               for c in grid]
-    for cfg in configs:  # every cell's config is valid before the first one runs
-        cfg.validate()
-    grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
-    if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
-        table_run = Run(root, name)
-        table_run.update(status="running", config=grid_config)
-    else:
-        table_run = Run.create(root, "sweep", grid_config, "", name)
-    rows, backends = [], {}
-    for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
-        run_name = cell.run_name(name)
-        if (root / run_name / "run.json").exists():
-            meta = get_run(root, run_name)
-            if meta.get("status") == "completed":
-                console.print(f"cell {n}/{len(grid)} {run_name}: done already, kept")
-                rows.append(sweep.cell_row(name, cell, run_name, meta.get("summary") or {}))
-                continue
-            shutil.rmtree(root / run_name)  # an unfinished cell is redone from scratch
-        console.print(f"cell {n}/{len(grid)} {run_name}")
-        if cell.model not in backends:
-            backends.clear()  # one model in memory at a time
-            backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens)
-        backends[cell.model].clear_caches()
-        _, summary = play(cfg, root, run_name, "eval", console, backends[cell.model])
-        rows.append(sweep.cell_row(name, cell, run_name, summary))
-        sweep.write_table(table_run, rows)
-    sweep.write_table(table_run, rows)
-    table_run.update(status="completed", summary={"cells": len(rows)})
+    table_run, rows = sweep_job(args.name, models, modes, budgets, base, runs_root(args.root), _LiveReporter(console))
     table = Table("model", "mode", "N", "episodes", "success", "checklist", "well-formed",
-                  "private tokens / episode", "s / episode", title=f"sweep {name}")
+                  "private tokens / episode", "s / episode", title=f"sweep {table_run.run_id}")
     for r in rows:
         table.add_row(r["label"], r["mode"], str(r["budget"]), str(r["episodes"]), f"{r['success_rate']:.1%}",
                       f"{r['checklist']:.3f}", f"{r['well_formed_rate']:.1%}",
@@ -223,88 +227,47 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- train -----------------------------------------------------------------------------------------
+# -- train -------------------------------------------------------------------------------------------------
 
 def _overridden(table: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
     """Apply `--set key=value` (dotted keys reach nested tables; values read as TOML, else as strings)."""
-    import tomllib
+    def copy(value: Any) -> Any:
+        return {k: copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
-    table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    table = copy(table)
     for item in assignments:
         key, sep, text = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UsageError(f"--set expects key=value, got '{item}'")
-        try:
-            value = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text
         *parents, leaf = key.strip().split(".")
         target = table
         for name in parents:
             target = target.setdefault(name, {})
             if not isinstance(target, dict):
                 raise UsageError(f"--set {key}: '{name}' is not a table")
-        target[leaf] = value
+        target[leaf] = _typed(text)
     return table
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from envace.config import TrainConfig
-    from envace.store import Run, get_run
-    from envace.training.train import train
-
     raw = load_toml(args.config)
-    if "train" not in raw:
+    if not isinstance(raw.get("train"), dict):
         raise UsageError(f"{args.config} has no [train] table")
-    cfg = from_dict(TrainConfig, _overridden(raw["train"], args.set), where=f"{args.config} [train]")
+    cfg = TrainConfig.from_dict(_overridden(raw["train"], args.set), where=f"{args.config} [train]")
     console = _console()
-    root = runs_root(args.root)
-    from envace.training.distributed import launch_position, wait_for
-    from envace.training.fsdp import launcher_fsdp
-
-    launcher_fsdp(cfg.shard_optimizer)  # refuse an FSDP launch this trainer cannot honour before a run exists
-    rank, world = launch_position()
-    if world > 1 and not (args.run_name or args.resume):
-        raise UsageError("training with several processes needs --run-name (every process writes to that run)")
-    if rank > 0:  # process 0 creates or reopens the run; the others join it
-        name = args.resume or args.run_name
-        wait_for(root / name / "run.json")
-        run = Run(root, name)
-    elif args.resume:
-        meta = get_run(root, args.resume)
-        stored = {k: v for k, v in meta.get("config", {}).items() if k != "grpo_steps"}
-        if meta.get("kind") != "train" or stored != {k: v for k, v in asdict(cfg).items() if k != "grpo_steps"}:
-            raise UsageError(f"run '{args.resume}' was not trained with this config (only grpo_steps may grow)")
-        run = Run(root, args.resume)
-        run.update(status="running", pid=os.getpid(), config=asdict(cfg))
-    else:
-        run = Run.create(root, "train", asdict(cfg), cfg.model, args.run_name)
-    console.print(f"[bold]train[/] {args.config} → {run.path}" + (f" (process {rank} of {world})" if world > 1 else ""))
-    with run.running():
-        summary = train(cfg, run, console.print, resume=bool(args.resume))
-    if rank == 0:
-        run.update(status="completed", summary=summary)
+    run, summary = train_job(cfg, runs_root(args.root), args.run_name, args.resume, _LiveReporter(console))
+    if int(os.environ.get("RANK", "0")) == 0:
         from rich.table import Table
 
         table = Table(title=f"{run.run_id}", show_header=False)
         for key, value in summary.items():
             table.add_row(key, str(value))
         console.print(table)
-        console.print(f"next: envace eval {summary['checkpoint']} --limit 4")
+        console.print(f"next: envace eval {summary['checkpoint']} --limit 4{_root_hint(args)}")
     return 0
 
 
-# -- runs / show -----------------------------------------------------------------------------------
-
-def cmd_app(args: argparse.Namespace) -> int:
-    # The CLI is the one module that wires every layer: the app sits above envace and is imported here only.
-    from apps.app import serve
-
-    root = runs_root(args.root)
-    print(f"EnvACE Workbench on http://{args.host}:{args.port} over {root} (Ctrl-C stops it)")
-    serve(root, args.host, args.port)
-    return 0
-
+# -- runs / show / fidelity / migrate --------------------------------------------------------------------
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
@@ -312,85 +275,64 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from envace.store import list_runs
 
     root = runs_root(args.root)
-    runs = list_runs(root)
+    warnings: list[str] = []
+    runs = list_runs(root, warnings)
     console = _console()
+    for warning in warnings:
+        console.print(f"warning: {warning}", markup=False)
     if not runs:
         console.print(f"no runs in {root}; start one with: envace rollout --limit 2")
         return 0
     table = Table("run", "kind", "status", "model", "episodes", "success", "created")
     for meta in runs:
         s = meta.get("summary") or {}
-        table.add_row(meta["run_id"], meta.get("kind", ""), meta.get("status", ""), meta.get("model", ""),
+        table.add_row(meta["run_id"], meta.get("kind", ""), meta.get("status", ""), str(meta.get("model", "")),
                       str(s.get("episodes", "")), f"{s['success_rate']:.1%}" if "success_rate" in s else "",
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created_at", 0))))
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created_at") or 0)))
     console.print(table)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from envace.store import connect, get_run
+    from envace import show
+    from envace.store import get_run, open_store
 
     root = runs_root(args.root)
     meta = get_run(root, args.run)
     console = _console()
+    con, index = open_store(root)
+    for warning in show.warnings(index, meta["run_id"]):
+        console.print(f"warning: {warning}", markup=False)
     console.print(f"[bold]{meta['run_id']}[/]  {meta.get('kind')}  status {meta.get('status')}  "
                   f"model {meta.get('model')}  git {str(meta.get('git_sha'))[:10]}")
-    if meta.get("summary"):
+    if meta.get("kind") in ("rollout", "eval") and meta.get("summary"):
         console.print(summary_table("summary", meta["summary"]))
-    con = connect(root)
-    by_category = con.execute(
-        "SELECT category, count(*) AS episodes, avg(success::INT) AS success, sum(n_calls) AS calls, "
-        "sum(n_parse_errors) AS parse_errors FROM episodes WHERE run_id = ? GROUP BY category ORDER BY category",
-        [meta["run_id"]]).fetchall()
-    table = Table("category", "episodes", "success", "calls", "parse errors", title="stored episodes")
-    for category, n, success, calls, errors in by_category:
-        table.add_row(category, str(n), f"{success:.1%}", str(calls), str(errors))
-    console.print(table)
-    tools = con.execute(
-        "SELECT name, count(*) AS n, avg(is_error::INT) FROM calls WHERE run_id = ? GROUP BY name "
-        "ORDER BY n DESC LIMIT 10", [meta["run_id"]]).fetchall()
-    if tools:
-        t = Table("tool", "calls", "error rate", title="most called tools")
-        for name, n, err in tools:
-            t.add_row(name, str(n), f"{err:.1%}")
-        console.print(t)
+    for table in show.tables(con, meta):
+        console.print(table)
     return 0
-
-
-# -- fidelity --------------------------------------------------------------------------------------
-
-FIDELITY_SQL = """
-SELECT coalesce(name, 'all') AS tool, count(*) AS pairs,
-       avg(exact) AS exact, avg(structure_f1) AS structure_f1, avg(value_acc) AS value_acc,
-       avg(error_agree) AS error_agree, avg(embed_cos) AS embed_cos, avg(copied::INT) AS copy_rate,
-       avg(decision_changed::INT) AS decision_change, count(decision_changed) AS forks,
-       avg((rehearsal_error IS NOT NULL)::INT) AS malformed
-FROM pairs WHERE run_id = ? GROUP BY ROLLUP (name) HAVING count(*) > 0
-ORDER BY name IS NULL, pairs DESC, name
-"""
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from envace import ledger
     from envace.store import connect, get_run
 
     root = runs_root(args.root)
     meta = get_run(root, args.run)
-    rows = connect(root).execute(FIDELITY_SQL, [meta["run_id"]]).fetchall()
+    frame = ledger.means(ledger.tool_sums(connect(root), "pairs", meta["run_id"]))
     console = _console()
-    if not rows:
-        console.print(f"run {meta['run_id']} has no pairs: rerun with --mode real+shadow or rehearse+shadow")
+    if frame.empty:
+        console.print(f"run {meta['run_id']} has no pairs: {_no_pairs_hint(meta)}")
         return 0
-    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None or v != v else f"{v:.2f}"  # noqa: E731  (None or NaN)
     table = Table("tool", "pairs", "exact", "struct F1", "value acc", "error agree", "embed cos", "copy rate",
                   "decision Δ", "malformed", title=f"world-model fidelity of {meta['run_id']}")
-    for tool, n, *scores, forks, malformed in rows:
-        cells = [fmt(v) for v in scores]
-        cells[-1] = f"{cells[-1]} ({forks})" if forks else "-"
-        table.add_row(tool, str(n), *cells, fmt(malformed))
+    for r in frame.to_dict("records"):
+        forks = f"{fmt(r['decision_change'])} ({r['forks']})" if r["forks"] else "-"
+        table.add_row(r["tool"], str(r["pairs"]), *(fmt(r[m]) for m in ("exact", "structure_f1", "value_acc",
+                                                                        "error_agree", "embed_cos", "copied")),
+                      forks, fmt(r["malformed"]))
     console.print(table)
     console.print("exact: same JSON after normalisation; struct F1: key paths; value acc: real leaf values "
                   "reproduced; error agree: both fail or both succeed; embed cos: MiniLM cosine; copy rate: "
@@ -399,158 +341,219 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- check-env -------------------------------------------------------------------------------------
+def _no_pairs_hint(meta: dict[str, Any]) -> str:
+    """Why a run has no pairs, and what would give it some."""
+    config = meta.get("config") or {}
+    mode = config.get("mode") if meta.get("kind") != "train" else None
+    if meta.get("kind") == "train":
+        return "set [train.rollout] shadow_fraction (or eval_every) to pair rehearsals with the real environment"
+    if mode in ("real+shadow", "rehearse+shadow"):
+        return "it is a shadow run, but its caller issued no tool calls, so nothing was answered both ways"
+    if meta.get("kind") == "sweep":
+        return "a sweep's table has none; its cells are eval runs (envace runs lists them)"
+    return "rerun with --mode real+shadow or rehearse+shadow"
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from envace.store import migrate
+
+    root = runs_root(args.root)
+    done = migrate(root)
+    print(f"converted {len(done)} run(s) in {root} to the current layout" + (f": {', '.join(done)}" if done else ""))
+    return 0
+
+
+# -- check-env / app / bench -----------------------------------------------------------------------------
 
 def cmd_check_env(args: argparse.Namespace) -> int:
     from envace.envs import registry
     from envace.envs.check import replay_reference_scores
 
-    bench = registry.get(args.env)
+    benchmark = registry.get(args.env)
     console = _console()
     passed = total = 0
-    for category in bench.categories:
+    for category in benchmark.categories:
         with console.status(f"replaying {category} …"):
-            ok, n, failures = replay_reference_scores(bench, category)
+            ok, n, failures = replay_reference_scores(benchmark, category)
         passed, total = passed + ok, total + n
         console.print(f"{category:<28} {ok}/{n}" + (f"  failed: {', '.join(failures[:5])}" if failures else ""))
     console.print(f"[bold]{passed}/{total}[/] ground-truth trajectories pass the official checker")
     return 0 if passed == total else 1
 
 
-# -- bench -----------------------------------------------------------------------------------------
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise UsageError(f"--port: expected a port number, got '{text}'") from None
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--port: must be in 1..65535, got {port}")
+    return port
+
+
+def _host(text: str) -> str:
+    if text != "localhost":
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise UsageError(f"--host: expected an IP address to bind (e.g. 127.0.0.1), got '{text}'") from None
+    return text
+
+
+def _run_module(module: str, argv: list[str]) -> int:
+    """Replace this process with `python -m module argv…`: a layer above `envace` runs as its own program."""
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+    return 0  # not reached
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    root = runs_root(args.root)
+    return _run_module("apps", ["--root", str(root), "--host", args.host, "--port", str(args.port)])
+
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "store":
+        if args.runs < 1 or args.rows < args.runs:
+            raise UsageError("--runs must be >= 1 and --rows at least --runs")
+        return _run_module("workbench.bench", ["--runs", str(args.runs), "--rows", str(args.rows),
+                                               *(["--keep", str(args.keep)] if args.keep else [])])
     from envace import bench
 
     if args.what == "train":
-        from envace.training.benchmark import bench_train
-
-        bench_train(model=args.model, tasks=args.limit, console=_console())
-        return 0
-    if args.what == "store":
-        from workbench.bench import bench_store  # the CLI wires every layer; the bench times the app's queries
-
-        if args.runs < 1 or args.rows < args.runs:
-            raise UsageError("--runs must be >= 1 and --rows at least --runs")
-        bench_store(args.runs, args.rows, _console(), args.keep)
-        return 0
-    if args.what == "private":
-        budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip())
+        bench.bench_train(model=args.model, tasks=args.limit, console=_console())
+    elif args.what == "private":
+        budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip().isdigit())
         if not budgets or min(budgets) < 1:
             raise UsageError(f"--budgets takes comma-separated N >= 1, got '{args.budgets}'")
         bench.bench_private(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
                             budgets=budgets, console=_console())
-        return 0
-    run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
-    run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
+    else:
+        run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
+        run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
     return 0
 
 
-# -- parser ----------------------------------------------------------------------------------------
+# -- parser ------------------------------------------------------------------------------------------------
 
-def _add_rollout_flags(p: argparse.ArgumentParser) -> None:
-    # argparse %-formats help text: escape the config docs' own % signs
-    help_of = {f.name: f.metadata.get("help", "").replace("%", "%%") for f in fields(RolloutConfig)}
-    types = {"limit": int, "offset": int, "group_size": int, "batch_size": int, "max_steps_per_turn": int,
-             "max_new_tokens": int, "seed": int, "user_max_new_tokens": int, "max_user_turns": int,
-             "temperature": float, "top_p": float, "decision_sample": float}
-    for name in _ROLLOUT_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=types.get(name, str), default=None,
-                       help=help_of[name])
-    p.add_argument("--domain", dest="category", default=None, help="τ²: airline | retail | telecom | telecom_solo "
-                   "(the category)")
-    private = {f.name: f.metadata.get("help", "") for f in fields(PrivateOptions)}
-    p.add_argument("--rehearsal", default=None, help="private rehearsal: " + private["mode"])
-    p.add_argument("--budget", type=int, default=None, help=private["budget"])
-    p.add_argument("--rehearsal-scope", default=None, help=private["scope"])
-    p.add_argument("--rehearsal-steps", type=int, default=None, help=private["max_steps"])
-    p.add_argument("--measure-change", action="store_const", const=True, default=None, help=private["measure_change"])
+_EVAL_FLAGS = tuple(n for n in _ROLLOUT_FLAGS if n != "model")  # the model is eval's first argument
+_SWEEP_FLAGS = _EVAL_FLAGS  # a sweep sets the model and the private rehearsal per cell
+
+
+def _version() -> str:
+    try:
+        return version("envace-workbench")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--root", default=None, help="run store root (default: $ENVACE_RUNS or runs/)")
+    return p
+
+
+def _play_commands(sub) -> None:
+    """rollout, eval and sweep: each advertises exactly the flags it accepts."""
+    config_help = "TOML file with a [rollout] table; flags override it"
+    name_help = "name of the run folder (default: generated)"
+    p = _with_root(sub.add_parser("rollout", help="play benchmark episodes with a model and store them"))
+    p.add_argument("--config", default=None, help=config_help)
+    p.add_argument("--run-name", default=None, help=name_help)
+    _add_config_flags(p)
+    p.set_defaults(func=cmd_rollout)
+
+    p = _with_root(sub.add_parser("eval", help="evaluate a checkpoint (or `default`) on benchmark episodes"))
+    p.add_argument("checkpoint", help="a checkpoint folder (e.g. runs/<run>/checkpoint), `default` or `tiny`")
+    p.add_argument("--config", default=None, help=config_help)
+    p.add_argument("--run-name", default=None, help=name_help)
+    _add_config_flags(p, _EVAL_FLAGS)
+    p.set_defaults(func=cmd_eval)
+
+    p = _with_root(sub.add_parser("sweep", help="private-rehearsal budget sweep: grid × modes × models → one table"))
+    p.add_argument("--name", required=True, help="sweep name: its table's run and the prefix of its cell runs")
+    p.add_argument("--models", default="base=default",
+                   help="comma-separated LABEL=SPEC models, e.g. base=default,trained=runs/x/checkpoint "
+                        "(default: base=default)")
+    p.add_argument("--budgets", default="0,1,2,4,8", help="comma-separated N (default: 0,1,2,4,8)")
+    p.add_argument("--modes", default="parallel,sequential",
+                   help="parallel and/or sequential (default: parallel,sequential)")
+    p.add_argument("--config", default=None, help=config_help)
+    _add_config_flags(p, _SWEEP_FLAGS, private=False)
+    p.set_defaults(func=cmd_sweep)
+
+
+def _bench_command(sub) -> None:
+    p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
+    p.add_argument("what", choices=["rollout", "rehearsal", "train", "private", "store"])
+    p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (default: 1,2)")
+    p.add_argument("--model", default="default", help="model spec (default: default)")
+    p.add_argument("--limit", type=int, default=2,
+                   help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
+                        "whose reference rows form the batch (default: 2)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
+    p.add_argument("--runs", type=int, default=50, help="store: runs in the synthetic store (default: 50)")
+    p.add_argument("--rows", type=int, default=1_000_000,
+                   help="store: pairs in it, and 1.5x as many generations (default: 1000000)")
+    p.add_argument("--keep", type=Path, default=None, help="store: build it here and keep it (default: a temp dir)")
+    p.set_defaults(func=cmd_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
+    parser.add_argument("--version", action="version", version=f"envace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _play_commands(sub)
 
-    def with_root(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--root", default=None, help="run store root (default: $ENVACE_RUNS or runs/)")
-        return p
-
-    p = with_root(sub.add_parser("rollout", help="play benchmark episodes with a model and store them"))
-    p.add_argument("--config", default=None, help="TOML file with a [rollout] table; flags override it")
-    p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
-    _add_rollout_flags(p)
-    p.set_defaults(func=cmd_rollout)
-
-    p = with_root(sub.add_parser("eval", help="evaluate a checkpoint (or `default`) on benchmark episodes"))
-    p.add_argument("checkpoint", help="a checkpoint folder (e.g. runs/<run>/checkpoint), `default` or `tiny`")
-    p.add_argument("--config", default=None, help="TOML file with a [rollout] table; flags override it")
-    p.add_argument("--run-name", default=None)
-    _add_rollout_flags(p)
-    p.set_defaults(func=cmd_eval)
-
-    p = with_root(sub.add_parser("sweep", help="private-rehearsal budget sweep: grid × modes × models → one table"))
-    p.add_argument("--name", required=True, help="sweep name: its table's run and the prefix of its cell runs")
-    p.add_argument("--models", default="base=default",
-                   help="comma-separated LABEL=SPEC models, e.g. base=default,trained=runs/x/checkpoint")
-    p.add_argument("--budgets", default="0,1,2,4,8", help="comma-separated N")
-    p.add_argument("--modes", default="parallel,sequential")
-    p.add_argument("--config", default=None, help="TOML file with a [rollout] table (episodes, rehearser, ...)")
-    _add_rollout_flags(p)
-    p.set_defaults(func=cmd_sweep)
-
-    p = with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
+    p = _with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
     p.add_argument("config", help="TOML file with a [train] table")
-    p.add_argument("--run-name", default=None)
+    p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
     p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a [train] field, e.g. --set variant=caller_only --set rehearser.max_new_tokens=64")
+                   help="override a [train] field, e.g. --set variant=caller_only "
+                        "--set rollout.rehearser.max_new_tokens=64")
     p.set_defaults(func=cmd_train)
 
-    with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
-
-    p = with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
-    p.add_argument("--port", type=int, default=7860)
+    _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+    p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
+    p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=7860, help="port (default: 7860)")
     p.set_defaults(func=cmd_app)
-
-    p = with_root(sub.add_parser("show", help="summary of one run"))
-    p.add_argument("run")
-    p.set_defaults(func=cmd_show)
-
-    p = with_root(sub.add_parser("fidelity", help="per-tool world-model fidelity of a shadow run"))
-    p.add_argument("run")
-    p.set_defaults(func=cmd_fidelity)
-
+    for name, func, text in (("show", cmd_show, "summary of one run (rollout, eval, train or sweep)"),
+                             ("fidelity", cmd_fidelity, "per-tool world-model fidelity of a run's pairs")):
+        p = _with_root(sub.add_parser(name, help=text))
+        p.add_argument("run")
+        p.set_defaults(func=func)
+    _with_root(sub.add_parser("migrate", help="convert runs stored under the old table and column names")
+               ).set_defaults(func=cmd_migrate)
     p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
     p.add_argument("env", help="benchmark name: bfcl or tau2")
     p.set_defaults(func=cmd_check_env)
-
-    p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
-    p.add_argument("what", choices=["rollout", "rehearsal", "train", "private", "store"])
-    p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (comma-separated)")
-    p.add_argument("--model", default="default")
-    p.add_argument("--limit", type=int, default=2,
-                   help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
-                        "whose reference rows form the batch")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--runs", type=int, default=50, help="store: runs in the synthetic store")
-    p.add_argument("--rows", type=int, default=1_000_000, help="store: pairs in it (and 1.5x as many turns)")
-    p.add_argument("--keep", type=Path, default=None, help="store: build it here and keep it (default: a temp dir)")
-    p.set_defaults(func=cmd_bench)
+    _bench_command(sub)
     return parser
+
+
+def _deprecated(argv: list[str]) -> list[str]:
+    out = []
+    for arg in argv:
+        flag, sep, value = arg.partition("=")
+        if flag in _DEPRECATED:
+            print(f"warning: {flag} is deprecated, use {_DEPRECATED[flag]}", file=sys.stderr)
+            arg = _DEPRECATED[flag] + sep + value
+        out.append(arg)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_deprecated(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: every completed batch is stored", file=sys.stderr)
+        print("interrupted: every completed step is stored", file=sys.stderr)
         return 130
 
 

@@ -1,62 +1,187 @@
 """Typed job configs. Each field documents itself; configs live in TOML files under `experiments/`.
 
-`load_config(path, cls)` reads a TOML table into a dataclass and rejects unknown keys, wrong types
-and impossible values with one clear message, before any model is loaded.
+A config is checked when it is built (`Config.__post_init__`), wherever that happens: a TOML file, a
+command-line flag, a notebook cell. Unknown keys, wrong types, non-finite numbers, unknown choices and
+impossible values are one `UsageError` line that names the field and what was expected, before any
+model is loaded. `Config.from_dict` reads a TOML table, layering nested tables over the field's own
+default (so `[train.rollout]` changes only what it names).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import tomllib
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from envace.errors import UsageError
-from envace.types import Mode, Split
+
+SplitName = Literal["train", "test", "all"]
+ModeName = Literal["real", "rehearse", "rehearse+shadow", "real+shadow"]
 
 
-def doc(help_text: str, default: Any = MISSING) -> Any:
+def doc(help_text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
     """A dataclass field whose `help` is shown by `envace … --help` and in docs."""
-    return field(default=default, metadata={"help": help_text})
+    return field(default=default, default_factory=factory, metadata={"help": help_text})
+
+
+def choices(hint: Any) -> tuple[Any, ...]:
+    """The allowed values of a `Literal` field (also inside `X | None`), else ()."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return tuple(c for arg in typing.get_args(hint) for c in choices(arg))
+    return ()
+
+
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "text"}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if origin is Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint in (int, float) and isinstance(value, bool):
+        return False  # TOML and JSON booleans are never numbers here
+    if hint is float:
+        return isinstance(value, int | float)
+    return isinstance(value, origin or hint)
+
+
+def _expected(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_expected(arg) for arg in typing.get_args(hint) if arg is not type(None))
+    if origin is Literal:
+        return "one of " + ", ".join(str(c) for c in typing.get_args(hint))
+    return _EXPECTED.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_field(name: str, value: Any, hint: Any) -> None:
+    """One field's value against its annotation: the type, a `Literal` choice, a finite number."""
+    if not _fits(value, hint):
+        if choices(hint) and isinstance(value, str):
+            raise UsageError(f"{name}: unknown choice '{value}' (choose from {', '.join(map(str, choices(hint)))})")
+        raise UsageError(f"{name}: expected {_expected(hint)}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{name}: expected a finite number, got {value!r}")
+
+
+def at_least(config: Any, minimum: float, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise UsageError(f"{name}: must be at least {minimum:g}, got {value!r}")
+
+
+def within(config: Any, low: float, high: float, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"{name}: must be in [{low:g}, {high:g}], got {value!r}")
+
+
+class Config:
+    """Base of every job config: typed fields checked at construction, then `validate()` for ranges."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # type: ignore[arg-type]
+            value, hint = getattr(self, f.name), hints[f.name]
+            if is_dataclass(hint):
+                if isinstance(value, dict):  # a notebook may pass a nested table as a dict
+                    setattr(self, f.name, hint.from_dict(value, base=_default(f)))
+                elif not isinstance(value, hint):
+                    raise UsageError(f"{f.name}: expected a table of {hint.__name__} fields, got {value!r}")
+                continue
+            check_field(f.name, value, hint)
+        self.validate()
+
+    def validate(self) -> None:
+        """Ranges and relations between fields (subclasses)."""
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "", base: Any = None):
+        """Build from a TOML table: unknown keys refused, nested tables layered over their defaults.
+
+        `where` (a file and table) prefixes every message; `base` is the instance whose values the
+        table overrides (a field's default config, for a nested table).
+        """
+        prefix = f"{where}: " if where else ""
+        if not isinstance(data, dict):
+            raise UsageError(f"{prefix}expected a table of {cls.__name__} fields, got {data!r}")
+        known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise UsageError(f"{prefix}unknown key(s) {', '.join(map(str, unknown))} "
+                             f"(known: {', '.join(sorted(known))})")
+        hints = typing.get_type_hints(cls)
+        values = dict(data)
+        try:
+            for key, value in data.items():
+                if is_dataclass(hints[key]):
+                    nested = getattr(base, key) if base is not None else _default(known[key])
+                    try:
+                        values[key] = hints[key].from_dict(value, base=nested)
+                    except UsageError as exc:
+                        raise UsageError(_nested(key, str(exc))) from None
+            return replace(base, **values) if base is not None else cls(**values)
+        except UsageError as exc:
+            raise UsageError(f"{prefix}{exc}") from None
+
+
+def _nested(key: str, message: str) -> str:
+    """`rehearser` + `fewshot: …` → `rehearser.fewshot: …`; other messages get `rehearser: …`."""
+    return f"{key}.{message}" if re.match(r"[A-Za-z_][\w.]*: ", message) else f"{key}: {message}"
+
+
+def _default(f: Any) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
 @dataclass
-class RehearserOptions:
+class RehearserOptions(Config):
     """What the rehearser sees and how its output is handled (sections of `rehearser_prompt`)."""
 
     system: bool = doc("the validate-first system instruction", True)
-    tools: str = doc("tools shown: called (all names + the called tool's schema) | all (every schema) | none",
-                     "called")
+    tools: Literal["called", "all", "none"] = doc(
+        "tools shown: called (all names + the called tool's schema) | all (every schema) | none", "called")
     response_schema: bool = doc("the called tool's response schema, where the benchmark has one", True)
-    fewshot: str = doc("grounding examples: reference (this task's real results) | other_tasks (train tasks "
-                       "only, leakage-free) | none", "reference")
+    fewshot: Literal["reference", "other_tasks", "none"] = doc(
+        "grounding examples: other_tasks (real results of other train tasks: leakage-free) | reference (this "
+        "task's own real results, as the reference release does; train tasks only) | none", "other_tasks")
     max_examples: int = doc("grounding examples shown, same tool first", 8)
     demo_turn: bool = doc("show the first grounding example as an answered turn in the output format", False)
     history: bool = doc("the flattened conversation so far", True)
     latest_message: bool = doc("the caller's latest raw message", True)
     max_new_tokens: int = doc("token budget of one rehearsal", 128)
-    on_error: str = doc("a malformed rehearsal that is fed back: end_episode (reference) | feed_error", "end_episode")
+    on_error: Literal["end_episode", "feed_error"] = doc(
+        "a malformed rehearsal that is fed back: end_episode (reference) | feed_error", "end_episode")
 
     def validate(self) -> None:
-        _choice("rehearser.tools", self.tools, ["called", "all", "none"])
-        _choice("rehearser.fewshot", self.fewshot, ["reference", "other_tasks", "none"])
-        _choice("rehearser.on_error", self.on_error, ["end_episode", "feed_error"])
-        if self.max_examples < 0 or self.max_new_tokens < 1:
-            raise UsageError("rehearser.max_examples must be >= 0 and rehearser.max_new_tokens >= 1")
+        at_least(self, 0, "max_examples")
+        at_least(self, 1, "max_new_tokens")
 
 
 @dataclass
-class PrivateOptions:
+class PrivateOptions(Config):
     """Test-time private rehearsal: imagined attempts in the rehearsed world, condensed into a memory,
     before one committed real execution (`envace.rehearsal.private`)."""
 
-    mode: str = doc("none | parallel (N independent attempts, one summary) | sequential (attempt k sees the "
-                    "memory of attempts 1..k-1 and revises it)", "none")
+    mode: Literal["none", "parallel", "sequential"] = doc(
+        "none | parallel (N independent attempts, one summary) | sequential (attempt k sees the memory of "
+        "attempts 1..k-1 and revises it)", "none")
     budget: int = doc("imagined attempts N per rehearsed turn; 0 is exactly the plain policy", 0)
-    scope: str = doc("turn (rehearse each user turn before it) | episode (rehearse the whole scripted episode "
-                     "once, before the first turn)", "turn")
+    scope: Literal["turn", "episode"] = doc("turn (rehearse each user turn before it) | episode (rehearse the "
+                                            "whole scripted episode once, before the first turn)", "turn")
     max_steps: int = doc("caller messages per user turn in an imagined attempt", 2)
     memory_tokens: int = doc("token budget of the rehearsal memory the summariser writes", 96)
     temperature: float = doc("sampling temperature of imagined attempts (parallel attempts need > 0 to differ)",
@@ -65,12 +190,8 @@ class PrivateOptions:
                                "record whether the memory changed it", False)
 
     def validate(self) -> None:
-        _choice("private.mode", self.mode, ["none", "parallel", "sequential"])
-        _choice("private.scope", self.scope, ["turn", "episode"])
-        if self.budget < 0:
-            raise UsageError(f"private.budget must be >= 0, got {self.budget}")
-        if self.max_steps < 1 or self.memory_tokens < 1 or self.temperature < 0:
-            raise UsageError("private.max_steps and private.memory_tokens must be >= 1, private.temperature >= 0")
+        at_least(self, 0, "budget", "temperature")
+        at_least(self, 1, "max_steps", "memory_tokens")
 
     @property
     def active(self) -> bool:
@@ -78,34 +199,36 @@ class PrivateOptions:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Config):
     """One rollout job: a model plays episodes of one benchmark category."""
 
-    env: str = doc("benchmark name (see `envace.envs.registry`)", "bfcl")
+    env: str = doc("benchmark name (`envace.envs.registry`)", "bfcl")
     category: str = doc("benchmark category, e.g. multi_turn_base", "multi_turn_base")
-    split: str = doc("train | test | all (BFCL: scenario i % 4 == 3 is test)", Split.TEST.value)
-    limit: int | None = doc("number of tasks (None = all of the split)", None)
+    split: SplitName = doc("train | test | all (BFCL: scenario i % 4 == 3 is test)", "test")
+    limit: int | None = doc("number of tasks (unset = all of the split)", None)
     offset: int = doc("skip this many tasks of the split first", 0)
-    mode: str = doc("who answers tool calls: real | rehearse | rehearse+shadow | real+shadow", Mode.REAL.value)
-    model: str = doc("`default` (embedded SmolLM2-135M-Instruct), `tiny`, or a local model path", "default")
+    mode: ModeName = doc("who answers tool calls: real | rehearse | rehearse+shadow | real+shadow", "real")
+    model: str = doc("`default` (embedded SmolLM2-135M-Instruct), `tiny`, a local model path or a server URL",
+                     "default")
     group_size: int = doc("rollouts per task (GRPO's G)", 1)
     batch_size: int = doc("episodes advanced together; one store shard per batch", 8)
     max_steps_per_turn: int = doc("caller messages per user turn before the episode is cut (BFCL: 20)", 20)
     max_new_tokens: int = doc("token budget of one caller message", 256)
     temperature: float = doc("sampling temperature; 0 = greedy", 0.0)
-    top_p: float = doc("nucleus sampling mass", 1.0)
+    top_p: float = doc("nucleus sampling mass, in (0, 1]", 1.0)
     seed: int = doc("seed for sampling", 0)
-    on_parse_error: str = doc("a malformed caller message: end_turn (BFCL-like) | end_episode (reference)", "end_turn")
+    on_parse_error: Literal["end_turn", "end_episode"] = doc(
+        "a malformed caller message: end_turn (BFCL-like) | end_episode (reference)", "end_turn")
     max_batch_tokens: int = doc("padded tokens per backend micro-batch (memory bound)", 32768)
-    rehearser: RehearserOptions = field(default_factory=RehearserOptions,
-                                        metadata={"help": "the rehearser role (modes other than real)"})
+    rehearser: RehearserOptions = doc("the rehearser role (modes other than real)", factory=RehearserOptions)
     caller_demo: bool = doc("show the caller one worked call of a train task with the same tools", False)
-    tool_docs: str = doc("tools in the caller prompt: full (JSON schemas) | compact (name, one line, argument types)",
-                         "full")
+    tool_docs: Literal["full", "compact"] = doc(
+        "tools in the caller prompt: full (JSON schemas) | compact (name, one line, argument types)", "full")
     real_fraction: float = doc("rehearse mode: share of calls the real environment answers instead (Dyna-style mix)",
                                0.0)
-    private: PrivateOptions = field(default_factory=PrivateOptions,
-                                    metadata={"help": "test-time private rehearsal before committed turns"})
+    shadow_fraction: float = doc("rehearse mode: share of episodes whose calls the real environment also executes "
+                                 "beside the rehearsal, for fidelity pairs (the rehearsal is still fed back)", 0.0)
+    private: PrivateOptions = doc("test-time private rehearsal before committed turns", factory=PrivateOptions)
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
@@ -116,73 +239,30 @@ class RolloutConfig:
 
     def validate(self) -> None:
         from envace.envs import registry
+        from envace.policy.specs import check_model_spec
 
-        bench = registry.get(self.env)
-        if self.category not in bench.categories:
-            raise UsageError(f"unknown {self.env} category '{self.category}' "
-                             f"(choose from {', '.join(bench.categories)})")
-        _choice("split", self.split, [s.value for s in Split])
-        _choice("mode", self.mode, [m.value for m in Mode])
-        _choice("on_parse_error", self.on_parse_error, ["end_turn", "end_episode"])
-        _choice("tool_docs", self.tool_docs, ["full", "compact"])
-        for name in ("group_size", "batch_size", "max_steps_per_turn", "max_new_tokens", "max_batch_tokens",
-                     "user_max_new_tokens", "max_user_turns"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.limit is not None and self.limit < 1:
-            raise UsageError(f"limit must be at least 1, got {self.limit}")
-        if self.offset < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise UsageError("offset and temperature must be >= 0 and top_p in (0, 1]")
-        for name in ("decision_sample", "real_fraction"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise UsageError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        self.rehearser.validate()
-        self.private.validate()
-        if self.private.active and self.rehearser.fewshot == "reference" and self.split != Split.TRAIN:
-            raise UsageError("private rehearsal on test tasks must not see their reference results: "
-                             "set rehearser.fewshot = \"other_tasks\" (or \"none\")")
-        from envace.policy.models import check_model_spec
-
+        try:
+            benchmark = registry.get(self.env)
+        except UsageError as exc:
+            raise UsageError(f"env: {exc}") from None
+        if self.category not in benchmark.categories:
+            raise UsageError(f"category: unknown {self.env} category '{self.category}' "
+                             f"(choose from {', '.join(benchmark.categories)})")
+        at_least(self, 1, "limit", "group_size", "batch_size", "max_steps_per_turn", "max_new_tokens",
+                 "max_batch_tokens", "user_max_new_tokens", "max_user_turns")
+        at_least(self, 0, "offset", "temperature")
+        within(self, 0, 1, "decision_sample", "real_fraction", "shadow_fraction")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        rehearses = self.mode != "real" or self.private.active
+        if rehearses and self.split != "train" and self.rehearser.fewshot == "reference":
+            # The one leakage rule: a rehearser on tasks outside the train split never sees those tasks'
+            # own gold results (they would reach the caller in rehearse mode, inflate fidelity in shadow).
+            raise UsageError(f"rehearser.fewshot: 'reference' shows the rehearser each task's own gold results, "
+                             f"which on {self.split}-split tasks is leakage; use other_tasks or none")
         check_model_spec(self.model)
         if self.user_model:
             check_model_spec(self.user_model)
-
-
-def _choice(name: str, value: str, allowed: list[str]) -> None:
-    if value not in allowed:
-        raise UsageError(f"unknown {name} '{value}' (choose from {', '.join(allowed)})")
-
-
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, origin or hint)
-
-
-def from_dict(cls: type, data: dict[str, Any], where: str = "config"):
-    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    data = dict(data)
-    for key, value in data.items():
-        if is_dataclass(hints[key]) and isinstance(value, dict):
-            data[key] = from_dict(hints[key], value, where=f"{where}.{key}")
-        elif not _type_ok(value, hints[key]):
-            raise UsageError(f"{where}: '{key}' should be {hints[key]}, got {value!r}")
-    cfg = cls(**data)
-    if hasattr(cfg, "validate"):
-        cfg.validate()
-    return cfg
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -190,19 +270,34 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise UsageError(f"config file {p} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{p}: not a UTF-8 text file") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{p}: malformed TOML ({exc})") from None
 
 
+def _training_rollout() -> RolloutConfig:
+    """The defaults of training rollouts: sampled (reference: temperature 1.0), short, strict about format."""
+    return RolloutConfig(split="train", group_size=4, max_new_tokens=64, max_steps_per_turn=2, temperature=1.0,
+                         on_parse_error="end_episode", embedding=False)
+
+
+# `[train.rollout]` fields the trainer decides itself: naming one there is a mistake worth a clear message.
+TRAINER_OWNED = ("model", "split", "limit", "offset", "mode", "batch_size", "seed", "frozen_rehearser", "private")
+
+
 @dataclass
-class TrainConfig:
-    """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world."""
+class TrainConfig(Config):
+    """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world.
+
+    `rollout` holds the GRPO rollouts' settings (any `[rollout]` field but those the trainer sets:
+    model, split, mode, batch size, seed, the frozen rehearser and private rehearsal).
+    """
 
     model: str = doc("`default`, `tiny`, or a local model path", "default")
-    dtype: str = doc("weights' dtype: float32 (CPU) | bfloat16 (GPU)", "float32")
-    env: str = doc("benchmark name", "bfcl")
-    category: str = doc("benchmark category (train split only)", "multi_turn_base")
+    dtype: Literal["float32", "bfloat16", "float16"] = doc("weights' dtype: float32 (CPU) | bfloat16 (GPU)",
+                                                          "float32")
     seed: int = doc("seed for sampling and task order", 0)
     lora: bool = doc("train LoRA adapters (peft) instead of every weight", False)
     lora_rank: int = doc("LoRA rank", 16)
@@ -214,7 +309,6 @@ class TrainConfig:
     rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
     grpo_steps: int = doc("role-wise GRPO updates", 4)
     tasks_per_step: int = doc("train tasks per GRPO step", 2)
-    group_size: int = doc("rollouts per task (G)", 4)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
@@ -223,74 +317,71 @@ class TrainConfig:
                      "one unit per decoder layer); rollouts run on a whole copy synced after each update. "
                      "`accelerate launch` with an FSDP config (experiments/accelerate_fsdp.yaml) sets it", False)
     save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
-    max_new_tokens: int = doc("token budget of one caller message in rollouts", 64)
-    max_steps_per_turn: int = doc("caller messages per user turn in rollouts", 2)
-    temperature: float = doc("rollout sampling temperature (reference: 1.0)", 1.0)
-    caller_demo: bool = doc("show the caller one worked call of another train task", False)
-    tool_docs: str = doc("tools in the caller prompt: full | compact (about a third of the tokens on BFCL)", "full")
-    real_fraction: float = doc("Dyna-style mix: share of calls answered by the real environment at the first "
-                               "GRPO step (variant envace / caller_only)", 0.0)
-    real_fraction_end: float | None = doc("anneal real_fraction linearly to this by the last step (None = constant)",
-                                         None)
+    real_fraction_end: float | None = doc("anneal rollout.real_fraction linearly to this by the last step "
+                                          "(unset = constant)", None)
     eval_every: int = doc("GRPO steps between evaluations on test-split tasks (0 = none)", 0)
     eval_limit: int = doc("test-split tasks per evaluation (real environment, rehearser as shadow, greedy)", 4)
-    variant: str = doc("envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, "
-                       "needs lora) | real_env (environment answers; only the caller is trained)", "envace")
-    rehearser: RehearserOptions = field(default_factory=RehearserOptions, metadata={"help": "the rehearser role"})
+    variant: Literal["envace", "caller_only", "real_env"] = doc(
+        "envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, needs lora) | "
+        "real_env (environment answers; only the caller is trained)", "envace")
+    rollout: RolloutConfig = doc("the GRPO rollouts (`[train.rollout]`, `[train.rollout.rehearser]`)",
+                                 factory=_training_rollout)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "", base: Any = None):
+        if isinstance(data, dict) and isinstance(data.get("rollout"), dict):
+            owned = sorted(set(data["rollout"]) & set(TRAINER_OWNED))
+            if owned:
+                raise UsageError(f"{where + ': ' if where else ''}rollout.{owned[0]}: set by the trainer "
+                                 f"(it owns {', '.join(TRAINER_OWNED)}); model and seed go in [train]")
+        return super().from_dict(data, where, base)
 
     def validate(self) -> None:
-        from envace.envs import registry
-        from envace.policy.models import check_model_spec
+        from envace.policy.specs import check_model_spec
 
-        bench = registry.get(self.env)
-        if self.category not in bench.categories:
-            raise UsageError(f"unknown {self.env} category '{self.category}'")
-        for name in ("sft_epochs", "rows_per_step", "tasks_per_step", "group_size", "max_new_tokens",
-                     "max_steps_per_turn", "lora_rank", "save_every", "eval_limit"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.sft_tasks < 0 or self.grpo_steps < 0 or self.eval_every < 0:
-            raise UsageError("sft_tasks, grpo_steps and eval_every must be >= 0")
-        _choice("tool_docs", self.tool_docs, ["full", "compact"])
-        for value in (self.real_fraction, self.real_fraction_end):
-            if value is not None and not 0 <= value <= 1:
-                raise UsageError(f"real_fraction and real_fraction_end must be in [0, 1], got {value}")
-        _choice("variant", self.variant, ["envace", "caller_only", "real_env"])
-        _choice("dtype", self.dtype, ["float32", "bfloat16", "float16"])
+        at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit")
+        at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
+        within(self, 0, 1, "real_fraction_end")
+        for name in ("lr", "sft_lr"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if self.variant == "caller_only" and not self.lora:
-            raise UsageError("variant caller_only needs lora = true: the frozen rehearser is the base model "
+            raise UsageError("variant: caller_only needs lora = true: the frozen rehearser is the base model "
                              "with the caller's adapters switched off")
         if self.fsdp and self.shard_optimizer:
-            raise UsageError("fsdp already shards the optimizer state: drop shard_optimizer")
-        if self.lr <= 0 or self.sft_lr <= 0 or self.temperature < 0:
-            raise UsageError("learning rates must be > 0 and temperature >= 0")
-        self.rehearser.validate()
+            raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
         check_model_spec(self.model)
+        if self.rollout.model != self.model or self.rollout.split != "train":  # the trainer's own
+            self.rollout = replace(self.rollout, model=self.model, split="train")
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
         return ("caller", "rehearser") if self.variant == "envace" else ("caller",)
 
     def real_fraction_at(self, step: int) -> float:
+        start = self.rollout.real_fraction
         if self.real_fraction_end is None or self.grpo_steps < 2:
-            return self.real_fraction
-        return self.real_fraction + (self.real_fraction_end - self.real_fraction) * step / (self.grpo_steps - 1)
+            return start
+        return start + (self.real_fraction_end - start) * step / (self.grpo_steps - 1)
 
-    def rollout(self, step: int = 0) -> RolloutConfig:
-        """The rollout settings of GRPO step `step`: the rehearsed world, or the real one for `real_env`."""
-        mode = "real" if self.variant == "real_env" else "rehearse"
-        return RolloutConfig(env=self.env, category=self.category, split="train", mode=mode,
-                             frozen_rehearser=self.variant == "caller_only",
-                             model=self.model, group_size=self.group_size, batch_size=self.tasks_per_step *
-                             self.group_size, max_steps_per_turn=self.max_steps_per_turn,
-                             max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed,
-                             on_parse_error="end_episode", rehearser=self.rehearser, caller_demo=self.caller_demo,
-                             tool_docs=self.tool_docs, real_fraction=self.real_fraction_at(step), embedding=False)
+    def rollout_at(self, step: int, rank: int = 0) -> RolloutConfig:
+        """GRPO step `step`'s rollouts: the rehearsed world (the real one for `real_env`), G per task.
+
+        Sampling seeds derive from (seed, step, process) alone, so a resumed run replays them exactly.
+        """
+        return replace(self.rollout, mode="real" if self.variant == "real_env" else "rehearse",
+                       batch_size=self.tasks_per_step * self.rollout.group_size, limit=None, offset=0,
+                       frozen_rehearser=self.variant == "caller_only", private=PrivateOptions(),
+                       real_fraction=self.real_fraction_at(step),
+                       seed=self.seed * 7919 + step + 1_000_003 * rank)
 
     def evaluation(self) -> RolloutConfig:
-        """Evaluation settings: test split, real environment with the rehearser as shadow, greedy."""
-        return RolloutConfig(env=self.env, category=self.category, split="test", limit=self.eval_limit,
-                             mode="real+shadow", model=self.model, batch_size=self.eval_limit,
-                             max_steps_per_turn=self.max_steps_per_turn, max_new_tokens=self.max_new_tokens,
-                             temperature=0.0, seed=self.seed, rehearser=self.rehearser,
-                             caller_demo=self.caller_demo, tool_docs=self.tool_docs, embedding=False)
+        """Evaluation settings: test split, real environment with the rehearser as shadow, greedy, and the
+        leakage-free grounding (test tasks never see their own reference results)."""
+        rehearser = self.rollout.rehearser
+        if rehearser.fewshot == "reference":
+            rehearser = replace(rehearser, fewshot="other_tasks")
+        return replace(self.rollout, split="test", limit=self.eval_limit, offset=0, mode="real+shadow",
+                       group_size=1, batch_size=self.eval_limit, temperature=0.0, seed=self.seed,
+                       real_fraction=0.0, shadow_fraction=0.0, frozen_rehearser=False, rehearser=rehearser,
+                       private=PrivateOptions())

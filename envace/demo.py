@@ -41,7 +41,7 @@ def run() -> int:
 
     con = connect("runs")
     sql = ("SELECT name, real_response, rehearsed_response, structure_f1 FROM pairs WHERE run_id = ? "
-           "ORDER BY episode_id, turn, step, call_index LIMIT 3")
+           "ORDER BY episode_id, turn, turn_step, call_index LIMIT 3")
     print(f"SQL> {sql}")
     for tool, real, rehearsed, f1 in con.execute(sql, [name]).fetchall():
         print(f"  {tool}\n    real      {real[:90]!r}\n    rehearsed {str(rehearsed)[:90]!r}  (struct F1 {f1:.2f})")
@@ -51,7 +51,7 @@ def run() -> int:
         return rc
     step("4/5 private rehearsal: the trained policy imagines each user turn once, writes a memory, then acts for real")
     rc = envace(["eval", f"runs/{trained}/checkpoint", "--config", "experiments/bfcl_smollm_cpu.toml", "--limit", "2",
-                 "--rehearsal", "parallel", "--budget", "1", "--run-name", private])
+                 "--private", "parallel", "--budget", "1", "--run-name", private])
     if rc:
         return rc
     con = connect("runs")

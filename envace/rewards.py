@@ -76,3 +76,11 @@ def checklist(task: Task, issued: list[list[ToolCall]]) -> tuple[float, list[lis
         if reached:
             total += sum(passed) / len(passed) if passed else 1.0
     return (total / len(task.reference) if task.reference else 0.0), detail
+
+
+def share(generations: list, reward: float, roles: tuple[str, ...] = ("caller", "rehearser")) -> None:
+    """Give every generation of `roles` the episode's reward: one task reward for both roles (the reference's
+    choice); a simulated user's generations get none."""
+    for g in generations:
+        if g.role in roles:
+            g.reward = reward

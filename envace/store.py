@@ -27,15 +27,20 @@ import pyarrow.parquet as pq
 
 from envace.errors import UsageError
 
-_KEY = [("run_id", pa.string()), ("batch", pa.int32()), ("episode_id", pa.string())]
-_STEP = [("turn", pa.int32()), ("step", pa.int32())]
+# Every per-episode table is keyed by (run, step, episode): `step` is the job's step, one batch of a
+# rollout or one GRPO update of a training run (its evaluations are stored at the update they follow).
+_KEY = [("run_id", pa.string()), ("step", pa.int32()), ("episode_id", pa.string())]
+# Where in an episode: the user turn, and the caller message within it.
+_AT = [("turn", pa.int32()), ("turn_step", pa.int32())]
 
 SCHEMAS: dict[str, pa.Schema] = {
     # One row per episode: the benchmark's verdict and the episode's counters.
     "episodes": pa.schema(_KEY + [
         ("task_uid", pa.string()), ("env", pa.string()), ("category", pa.string()), ("split", pa.string()),
         ("group_index", pa.int32()),      # which of the G rollouts of this task
-        ("mode", pa.string()),
+        ("mode", pa.string()),            # real | rehearse | rehearse+shadow | real+shadow
+        ("phase", pa.string()),           # rollout | grpo (a training rollout) | eval (a training-time evaluation)
+        ("start_turn", pa.int32()),       # the first user turn the policy played (later than 0: a gold prefix)
         ("success", pa.bool_()),          # official benchmark success
         ("score_detail", pa.string()),    # the checker's error type when it failed
         ("checklist", pa.float64()),      # environment-free checklist reward in [0, 1] (envace.rewards)
@@ -51,29 +56,33 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("generated_tokens", pa.int32()),
         ("private_tokens", pa.int32()),   # private rehearsal: tokens of every role over all rehearsed turns
         ("imagined_steps", pa.int32()),   # private rehearsal: imagined caller messages over all rehearsed turns
-        ("context_ids", pa.list_(pa.int32())),  # final caller context; turns.prompt_len indexes into it
+        ("context_ids", pa.list_(pa.int32())),  # final caller context; generations.prompt_len indexes into it
         ("wall_s", pa.float64()),
     ]),
-    # One row per model generation: a caller message, or the rehearsal of one call (the unit of training).
-    "turns": pa.schema(_KEY + _STEP + [
-        ("role", pa.string()),            # caller | rehearser
+    # One row per model generation of any role: a caller message, the rehearsal of one call, a simulated
+    # user's message. The unit of training: what the trainer used is stored with it, never re-derived.
+    "generations": pa.schema(_KEY + _AT + [
+        ("role", pa.string()),            # caller | rehearser | user
         ("call_index", pa.int32()),       # rehearser: which call of the caller message it answers
-        ("user_message", pa.string()),    # caller: the user text that opened this turn (step 0 only)
+        ("user_message", pa.string()),    # caller: the user text that opened this turn (first message only)
         ("prompt_len", pa.int32()),       # caller: prompt = episodes.context_ids[:prompt_len]
-        ("prompt_ids", pa.list_(pa.int32())),  # rehearser: its own prompt (not part of the caller context)
+        ("prompt_ids", pa.list_(pa.int32())),  # rehearser and user: their own prompt (not in the caller context)
         ("completion_ids", pa.list_(pa.int32())),
         ("completion_text", pa.string()),
         ("finish", pa.string()),          # stop | length
         ("n_calls", pa.int32()),
         ("parse_error", pa.string()),     # None, or an error kind from envace.formats
         ("parse_detail", pa.string()),
-        ("logprobs", pa.list_(pa.float32())),
+        ("logprobs", pa.list_(pa.float32())),  # the sampled tokens' log-probabilities, when the backend gave them
+        ("reward", pa.float64()),         # the reward this row's role got for the episode (envace.rewards)
+        ("advantage", pa.float64()),      # the role-wise GRPO advantage the update used; None outside training
+        ("trained", pa.bool_()),          # whether the update trained on this row
     ]),
     # One row per tool call the caller issued, with the response fed back to it.
-    "calls": pa.schema(_KEY + _STEP + [
+    "calls": pa.schema(_KEY + _AT + [
         ("call_index", pa.int32()),       # position among the message's parallel calls
         ("name", pa.string()), ("arguments", pa.string()),  # arguments as JSON
-        ("source", pa.string()),          # real | rehearsed: who wrote the response the caller saw
+        ("source", pa.string()),          # real | rehearsed | gold: who wrote the response the caller saw
         ("response", pa.string()), ("is_error", pa.bool_()), ("error_kind", pa.string()),
     ]),
     # One row per privately rehearsed turn: the memory the committed turn saw, and what it cost.
@@ -111,8 +120,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("role", pa.string()),            # caller | rehearser | all
         ("name", pa.string()), ("value", pa.float64()),
     ]),
-    # One row per call answered both ways (shadow modes): the unit of world-model fidelity.
-    "pairs": pa.schema(_KEY + _STEP + [
+    # One row per call answered both ways (shadow worlds): the unit of world-model fidelity.
+    "pairs": pa.schema(_KEY + _AT + [
         ("call_index", pa.int32()), ("name", pa.string()), ("arguments", pa.string()),
         ("fed_back", pa.string()),        # real | rehearsed: which one the caller saw
         ("real_response", pa.string()), ("rehearsed_response", pa.string()),  # rehearsed: None if malformed
@@ -127,6 +136,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("decision_changed", pa.bool_()),  # the next caller action differs after real vs rehearsed (sampled)
     ]),
 }
+
+# Stores written before these names changed: the old name of each table folder and column. `refresh` skips
+# such a run with a warning naming `envace migrate`; `migrate` rewrites it under the new names.
+RENAMED_TABLES = {"turns": "generations"}
+RENAMED_COLUMNS = {"batch": "step", "step": "turn_step"}
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -287,8 +301,9 @@ def _columns(path: Path) -> tuple[str, ...] | None:
     return _FOOTERS[key]
 
 
-def connect(root: str | Path = "runs"):
-    """An in-memory DuckDB connection with one view per table over every run's readable shards, plus `runs`.
+def open_store(root: str | Path = "runs"):
+    """(connection, index): an in-memory DuckDB connection with one view per table over every run's readable
+    shards, plus `runs`; the index says which shards it read and what it skipped.
 
     Parquet footers are cached on the connection: a shard never changes once renamed into place, and
     re-reading a thousand footers per query is most of a whole-store query's time.
@@ -297,8 +312,12 @@ def connect(root: str | Path = "runs"):
 
     con = duckdb.connect()
     con.execute("SET parquet_metadata_cache = true")
-    refresh(con, root)
-    return con
+    return con, refresh(con, root)
+
+
+def connect(root: str | Path = "runs"):
+    """`open_store`'s connection alone."""
+    return open_store(root)[0]
 
 
 def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreIndex:
@@ -310,9 +329,14 @@ def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreI
     """
     root = Path(root)
     index = StoreIndex({}, [])
+    old = old_layout_runs(root)
+    index.warnings += [f"skipped run {name}: written before `turns` became `generations` and `batch` became "
+                       f"`step`; convert it with `envace migrate --root {root}`" for name in old]
     for table, schema in SCHEMAS.items():
         good = []
         for path in sorted(root.glob(f"*/{table}/*.parquet")):
+            if path.parent.parent.name in old:
+                continue
             if _columns(path) is not None:
                 good.append(path)
             else:
@@ -336,3 +360,40 @@ def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreI
         ("git_sha", pa.string()), ("created_at", pa.float64()), ("updated_at", pa.float64()),
         ("config", pa.string()), ("summary", pa.string())])))
     return index
+
+
+def old_layout_runs(root: str | Path) -> list[str]:
+    """Runs stored under the old names (a `turns/` folder, or a `batch` key column)."""
+    old = set()
+    for run_dir in Path(root).glob("*/"):
+        if (run_dir / "turns").is_dir() or any(
+                "batch" in (_columns(p) or ()) for p in run_dir.glob("episodes/*.parquet")):
+            old.add(run_dir.name)
+    return sorted(old)
+
+
+def migrate(root: str | Path) -> list[str]:
+    """Rewrite every old-layout run under the new names (`RENAMED_TABLES`, `RENAMED_COLUMNS`); returns
+    what it converted. Each shard is written whole under its new name before the old one is removed, so
+    a migration killed midway is simply run again."""
+    done = []
+    for name in old_layout_runs(root):
+        run = Run(Path(root), name)
+        phase = "grpo" if run.meta().get("kind") == "train" else "rollout"
+        for folder in sorted(p for p in run.path.iterdir() if p.is_dir()):
+            table = RENAMED_TABLES.get(folder.name, folder.name)
+            if table not in SCHEMAS:
+                continue
+            for shard in sorted(folder.glob("*.parquet")):
+                rows = pq.read_table(shard).to_pylist()
+                renamed = [{RENAMED_COLUMNS.get(k, k) if "batch" in row else k: v for k, v in row.items()}
+                           for row in rows]
+                if table == "episodes":
+                    renamed = [{"phase": phase, "start_turn": 0, **row} for row in renamed]
+                run.write(table, shard.stem, renamed)
+                if folder.name != table:
+                    shard.unlink()
+            if folder.name != table and not any(folder.iterdir()):
+                folder.rmdir()
+        done.append(name)
+    return done

@@ -34,12 +34,13 @@ def reference_policy(tiny):
 
 
 class DriftingRehearser(ReferencePolicy):
-    """The reference policy with an imperfect world model: every other rehearsal invents a key, so the
-    store holds both exact and wrong rehearsals to inspect."""
+    """The reference policy with an imperfect world model on its last task: there every rehearsal of an object
+    invents a key, so the store holds an exactly rehearsed episode and a drifting one to inspect."""
 
     def _rehearser(self, text: str) -> str:
         real = super()._rehearser(text)
-        if len(text) % 2 or not real.endswith("}\n</execution_result>"):
+        drifting = f"User: {list(self.by_first_turn)[-1]}" in text
+        if not drifting or not real.endswith("}\n</execution_result>"):
             return real
         return real[: -len("}\n</execution_result>")] + ', "invented_by_rehearser": 1}\n</execution_result>'
 
@@ -51,21 +52,89 @@ def store(tmp_path_factory, bfcl, tiny):
     training run (`trained`) and a tiny private-rehearsal sweep (`sw`)."""
     from dataclasses import replace
 
-    from rich.console import Console
-
-    from envace.cli import main, play
+    from envace.cli import main
     from envace.config import RolloutConfig
+    from envace.jobs import Reporter, rollout_job
 
     root = tmp_path_factory.mktemp("store")
-    cfg = RolloutConfig(model="scripted", mode="real+shadow", limit=2, max_steps_per_turn=20, embedding=False)
+    quiet = type("Quiet", (Reporter,), {"say": lambda self, text: None})()
+    cfg = RolloutConfig(model="tiny", mode="real+shadow", limit=2, max_steps_per_turn=20, embedding=False)
     tasks = bfcl.load_tasks(cfg.category, cfg.split, cfg.limit)
-    play(cfg, root, "scripted", "rollout", Console(quiet=True), DriftingRehearser(tiny[1], tasks))
+    rollout_job(cfg, root, "scripted", reporter=quiet, backend=DriftingRehearser(tiny[1], tasks))
     bad_call = '<tool_call>\n{"name": "cd", "arguments": {"folder": 3}}\n</tool_call>'
-    play(replace(cfg, limit=1, max_steps_per_turn=2), root, "broken", "rollout", Console(quiet=True),
-         ReferencePolicy(tiny[1], tasks[:1], bad_call))
+    rollout_job(replace(cfg, limit=1, max_steps_per_turn=2), root, "broken", reporter=quiet,
+                backend=ReferencePolicy(tiny[1], tasks[:1], bad_call))
     assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
                  "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0
     assert main(["sweep", "--name", "sw", "--models", "tiny=tiny", "--budgets", "0,1", "--modes", "parallel",
                  "--config", "experiments/smoke.toml", "--root", str(root)]) == 0
+    return root
+
+
+REAL_CONFIG = """
+# A store written by the real default model: what a user opens after `make demo`, kept small.
+[rollout]
+caller_demo = true
+max_new_tokens = 48
+max_steps_per_turn = 2
+batch_size = 2
+decision_sample = 0.5
+
+[rollout.rehearser]
+max_examples = 2
+max_new_tokens = 48
+
+[rollout.private]
+max_steps = 1
+memory_tokens = 24
+
+[train]
+model = "default"
+lora = true
+sft_tasks = 1
+sft_epochs = 1
+sft_lr = 1e-3
+rows_per_step = 16
+grpo_steps = 1
+tasks_per_step = 1
+lr = 2e-4
+eval_every = 1
+eval_limit = 1
+
+[train.rollout]
+tool_docs = "compact"
+caller_demo = true
+group_size = 2
+temperature = 0.7
+max_new_tokens = 32
+max_steps_per_turn = 2
+shadow_fraction = 1.0
+
+[train.rollout.rehearser]
+max_examples = 2
+max_new_tokens = 32
+on_error = "feed_error"
+"""
+
+
+@pytest.fixture(scope="session")
+def real_store(tmp_path_factory):
+    """Every kind of run, written by the real default model (malformed rehearsals, long prompts, no calls at
+    all in places): a BFCL real+shadow rollout (`demo`), a training run with shadow pairs and evaluations
+    (`train`), a private-rehearsal sweep (`sw`) and a τ² conversation with the simulated user (`tau2`)."""
+    from envace.cli import main
+
+    root = tmp_path_factory.mktemp("real")
+    config = root.parent / "real.toml"
+    config.write_text(REAL_CONFIG)
+    common = ["--root", str(root)]
+    assert main(["rollout", "--mode", "real+shadow", "--limit", "2", "--model", "default", "--config", str(config),
+                 "--run-name", "demo", *common]) == 0
+    assert main(["train", str(config), "--run-name", "train", *common]) == 0
+    assert main(["sweep", "--name", "sw", "--models", "base=default", "--budgets", "0,1", "--modes", "parallel",
+                 "--limit", "1", "--max-new-tokens", "24", "--config", str(config), *common]) == 0
+    assert main(["rollout", "--env", "tau2", "--domain", "airline", "--limit", "1", "--model", "default",
+                 "--max-new-tokens", "24", "--user-max-new-tokens", "24", "--max-user-turns", "2",
+                 "--max-steps-per-turn", "2", "--run-name", "tau2", *common]) == 0
     return root

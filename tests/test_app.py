@@ -142,3 +142,58 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     # the Runs tab lists it after its next refresh
     _open_tab(browser, "Runs")
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
+
+
+@pytest.fixture(scope="module")
+def real_app_url(real_store):
+    port = _free_port()
+    app = serve(real_store, port=port, block=False)
+    yield f"http://127.0.0.1:{port}/"
+    app.close()
+
+
+def _toasts(driver) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [t.text for t in driver.find_elements(By.CSS_SELECTOR, "[data-testid='toast-body'], .toast-body")]
+
+
+@pytest.mark.slow
+def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, real_store, browser, tmp_path):
+    """The real default model's store in headless Chromium: every episode of every run opens in the Inspector
+    and every tab draws, with no error toast; a screenshot of each tab is saved (ENVACE_SCREENSHOTS names the
+    folder, e.g. docs/screenshots)."""
+    import os
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from workbench import Workbench
+
+    shots = Path(os.environ.get("ENVACE_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    wb = Workbench(real_store)
+    opened = 0
+    for run in sorted(wb.runs_with("episodes")):
+        expected = list(wb.episodes(run)["episode_id"])
+        browser.get(real_app_url + f"?run={run}")
+        wait = _open_tab(browser, "Inspector")
+        for i, episode in enumerate(expected):
+            cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
+            wait.until(lambda d, c=cell: d.find_elements(*c)).__getitem__(0).click()
+            shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}']")
+            WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
+            assert _toasts(browser) == [], (run, episode)
+            opened += 1
+        if run == "demo":
+            browser.save_screenshot(str(shots / "inspector.png"))
+    assert opened == sum(len(wb.episodes(r)) for r in wb.runs_with("episodes"))
+    browser.get(real_app_url + "?run=train")
+    for tab, name in (("Runs", "runs"), ("Fidelity", "fidelity"), ("Private rehearsal", "private-rehearsal"),
+                      ("Training", "training"), ("Launch", "launch")):
+        _open_tab(browser, tab)
+        WebDriverWait(browser, 60).until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".pending, .generating"))
+        if tab in ("Fidelity", "Training"):  # plots drawn on first open, without picking anything
+            WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"))
+        assert _toasts(browser) == [], tab
+        browser.save_screenshot(str(shots / f"{name}.png"))

@@ -30,7 +30,7 @@ def test_rollout_runs_show_and_sql(tmp_path, capsys):
     episodes = con.execute("SELECT task_uid, split, termination FROM episodes ORDER BY task_uid").fetchall()
     assert sorted(e[0] for e in episodes) == ["bfcl/multi_turn_base_3", "bfcl/multi_turn_base_7"]
     assert all(e[1] == "test" for e in episodes)
-    assert con.execute("SELECT count(*) FROM turns WHERE run_id = 'smoke'").fetchall()[0][0] >= 2
+    assert con.execute("SELECT count(*) FROM generations WHERE run_id = 'smoke'").fetchall()[0][0] >= 2
     assert con.execute("SELECT status FROM runs").fetchall()[0] == ("completed",)
 
 
@@ -44,14 +44,14 @@ def test_config_file_and_flag_override(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["rollout", "--mode", "bogus"], "unknown mode 'bogus'"),
+    (["rollout", "--mode", "bogus"], "mode: unknown choice 'bogus' (choose from real, rehearse"),
     (["rollout", "--env", "nope"], "unknown env 'nope'"),
     (["rollout", "--category", "simple"], "unknown bfcl category"),
-    (["rollout", "--split", "dev"], "unknown split 'dev'"),
+    (["rollout", "--split", "dev"], "split: unknown choice 'dev'"),
     (["rollout", "--model", "/no/such/model"], "does not exist"),
     (["rollout", "--model", "some-org/not-cached"], "neither a local directory"),
-    (["rollout", "--limit", "0"], "limit must be at least 1"),
-    (["rollout", "--limit", "x"], "invalid int value"),
+    (["rollout", "--limit", "0"], "limit: must be at least 1, got 0"),
+    (["rollout", "--limit", "x"], "limit: expected an integer, got 'x'"),
     (["rollout", "--config", "/no/such.toml"], "does not exist"),
     (["rollout", "--run-name", "../x", "--model", "tiny", "--limit", "1"], "invalid run name"),
     (["show", "missing"], "no run 'missing'"),
@@ -68,7 +68,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
 def test_malformed_config_is_rejected_before_loading(tmp_path):
     bad = tmp_path / "bad.toml"
     for text, message in (("[rollout]\nlimt = 2\n", "unknown key(s) limt"),
-                          ("[rollout]\nlimit = 'two'\n", "'limit' should be"),
+                          ("[rollout]\nlimit = 'two'\n", "limit: expected an integer, got 'two'"),
                           ("[rollout\n", "malformed TOML")):
         bad.write_text(text)
         result = envace("rollout", "--config", str(bad), "--root", str(tmp_path))
@@ -92,7 +92,7 @@ def test_a_killed_run_keeps_its_completed_batches(tmp_path):
     con = connect(tmp_path)
     stored = con.execute("SELECT count(*) FROM episodes").fetchall()[0][0]
     assert 1 <= stored < 6
-    assert con.execute("SELECT count(DISTINCT episode_id) FROM turns").fetchall()[0][0] == stored
+    assert con.execute("SELECT count(DISTINCT episode_id) FROM generations").fetchall()[0][0] == stored
     assert con.execute("SELECT status FROM runs").fetchall()[0] == ("interrupted",)
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from envace.config import RolloutConfig
 from envace.policy.hf import HFBackend
-from envace.policy.models import DEFAULT_MODEL, default_model_dir
-from envace.rehearsal.rollout import RolloutEngine
+from envace.policy.specs import DEFAULT_MODEL, default_model_dir
+from envace.rehearsal.build import build_engine
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ def test_default_model_converts_loads_and_plays_a_real_episode(bfcl):
         tokenize=False).count("zz_tool") == 1  # the tool template renders tools; SmolLM2's own drops them
     task = bfcl.load_tasks("multi_turn_base", "test", limit=1)[0]
     cfg = RolloutConfig(max_new_tokens=24, max_steps_per_turn=1)
-    (ep,) = RolloutEngine(backend, bfcl, cfg, backend.max_context).run_batch([(task, 0)])
-    assert ep.termination in ("completed", "step_limit") and ep.turns
-    assert all(row["completion_ids"] for row in ep.turns)
-    assert backend.cache.hits + backend.cache.shared >= len(ep.turns) - 1  # later steps reuse the prefix
+    (ep,) = build_engine(backend, bfcl, cfg).run_batch([(task, 0)])
+    assert ep.termination in ("completed", "step_limit") and ep.generations
+    assert all(g.gen.ids for g in ep.generations)
+    assert backend.cache.hits + backend.cache.shared >= len(ep.generations) - 1  # later steps reuse the prefix

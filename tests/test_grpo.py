@@ -18,11 +18,6 @@ def test_role_advantages_on_a_hand_built_batch():
     assert scaled[0] == pytest.approx((1 - caller_mean) / (torch.tensor([1.0, 1.0, 0.0]).std().item() + 1e-6))
 
 
-def test_empty_generations_are_penalised():
-    rows = [Row("A", "caller", [1], [], 1.0), Row("A", "caller", [1], [5], 1.0)]
-    assert role_advantages(rows) == pytest.approx([-0.05, 0.05])
-
-
 def _own_logprobs(model, row: Row) -> list[torch.Tensor]:
     ids = torch.tensor([row.prompt_ids + row.completion_ids])
     logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)

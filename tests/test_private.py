@@ -2,16 +2,16 @@ import pytest
 
 from envace.config import PrivateOptions, RehearserOptions, RolloutConfig
 from envace.errors import UsageError
-from envace.rehearsal.private import SealedEnvironment, parse_memory
-from envace.rehearsal.rollout import RolloutEngine
-from envace.types import ToolCall
+from envace.record import score
+from envace.rehearsal.build import build_engine
+from envace.rehearsal.private import parse_memory
 
 
 def _engine(backend, bfcl, steps: int = 20, **private):
     # The scripted oracle needs BFCL's step budget; the tiny model writes 16-token nonsense, a step at a time.
     config = RolloutConfig(batch_size=4, embedding=False, max_new_tokens=16, max_steps_per_turn=steps,
                            rehearser=RehearserOptions(fewshot="other_tasks"), private=PrivateOptions(**private))
-    return RolloutEngine(backend, bfcl, config)
+    return build_engine(backend, bfcl, config)
 
 
 def test_budget_zero_is_exactly_the_plain_policy(bfcl, tiny_backend):
@@ -28,7 +28,7 @@ def test_no_real_call_during_rehearsal_and_the_memory_reaches_the_committed_prom
     tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
     executions = []
     engine = _engine(reference_policy(tasks), bfcl, mode=mode, budget=2)
-    memories = engine.private.memories
+    memories = engine.before_turn.memories
 
     def counting(eng, episodes):  # real executions before and after the rehearsal phase must match
         before = [ep.env.executions for ep in episodes]
@@ -36,7 +36,7 @@ def test_no_real_call_during_rehearsal_and_the_memory_reaches_the_committed_prom
         executions.append([ep.env.executions - b for ep, b in zip(episodes, before, strict=True)])
         return out
 
-    engine.private.memories = counting
+    engine.before_turn.memories = counting
     episodes = engine.run_batch([(t, 0) for t in tasks])
     assert executions and all(n == 0 for step in executions for n in step)
     for ep in episodes:
@@ -46,11 +46,11 @@ def test_no_real_call_during_rehearsal_and_the_memory_reaches_the_committed_prom
         text = bfcl_text(engine, ep)
         for memory in ep.memories:
             assert f"<rehearsal_memory>\n{memory['memory']}\n</rehearsal_memory>" in text
-    assert all(engine.episode_row(ep)["success"] for ep in episodes)  # the oracle still succeeds for real
+    assert all(score(ep, "real")["success"] for ep in episodes)  # the oracle still succeeds for real
 
 
 def bfcl_text(engine, ep):
-    return engine.backend.tokenizer.decode(ep.ids, skip_special_tokens=False)
+    return engine.sampler.tokenizer.decode(ep.ids, skip_special_tokens=False)
 
 
 def test_sequential_attempts_see_the_memory_of_earlier_ones(bfcl, reference_policy):
@@ -67,7 +67,7 @@ def test_cost_counters_add_up(bfcl, reference_policy):
     tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
     engine = _engine(reference_policy(tasks), bfcl, mode="parallel", budget=2, measure_change=True)
     for ep in engine.run_batch([(t, 0) for t in tasks]):
-        row = engine.episode_row(ep)
+        row = score(ep, "real")
         for m in ep.memories:
             imagined = [i for i in ep.imagined if i["turn"] == m["turn"]]
             assert len(imagined) == 2
@@ -99,17 +99,32 @@ def test_an_unusable_memory_is_recorded_and_the_turn_goes_on_without_one(bfcl, t
         assert (m["memory"] == "") == (m["memory_error"] is not None)
 
 
-def test_the_sealed_environment_refuses_to_run_anything():
-    with pytest.raises(RuntimeError, match="real environment"):
-        SealedEnvironment({}).execute(ToolCall("ls", {}))
+def test_an_imagined_attempt_has_no_environment_only_the_tools(bfcl, reference_policy):
+    """Imagined attempts play in a rehearsed world and carry the tools' schemas, never an environment."""
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    engine = _engine(reference_policy(tasks), bfcl, mode="parallel", budget=1)
+    seen = []
+    play = engine.before_turn._sub_engine
+
+    def recording(eng):
+        sub = play(eng)
+        inner = sub.play
+        sub.play = lambda episodes: (seen.extend(episodes), inner(episodes))[1]
+        return sub
+
+    engine.before_turn._sub_engine = recording
+    (ep,) = engine.run_batch([(tasks[0], 0)])
+    assert seen and all(a.env is None and a.tools == ep.tools for a in seen)
+    assert type(engine.before_turn._sub_engine(engine).world).__name__ == "RehearsedWorld"
 
 
 def test_bad_private_options_are_clear_errors():
     for bad in ({"budget": -1}, {"mode": "beam"}, {"scope": "life"}):
         with pytest.raises(UsageError):
-            RolloutConfig(model="tiny", private=PrivateOptions(**bad)).validate()
-    with pytest.raises(UsageError, match="reference results"):  # test tasks' own results would leak
-        RolloutConfig(model="tiny", private=PrivateOptions(mode="parallel", budget=1)).validate()
+            RolloutConfig(model="tiny", private=PrivateOptions(**bad))
+    with pytest.raises(UsageError, match="leakage"):  # test tasks' own results would leak
+        RolloutConfig(model="tiny", private=PrivateOptions(mode="parallel", budget=1),
+                      rehearser=RehearserOptions(fewshot="reference"))
 
 
 def test_sweep_writes_one_table_and_resumes_without_redoing_cells(tmp_path, capsys):

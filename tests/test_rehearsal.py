@@ -4,14 +4,20 @@ import pytest
 
 from envace.config import RehearserOptions, RolloutConfig
 from envace.formats import parse_execution_result
+from envace.jobs import play
+from envace.record import score
+from envace.rehearsal.build import build_engine
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.rollout import RolloutEngine
 from envace.store import Run, connect
 
 
-def _engine(backend, bfcl, **kw):
+def _config(**kw):
     kw.setdefault("embedding", False)
-    return RolloutEngine(backend, bfcl, RolloutConfig(batch_size=4, **kw))
+    return RolloutConfig(batch_size=4, **kw)
+
+
+def _engine(backend, bfcl, **kw):
+    return build_engine(backend, bfcl, _config(**kw))
 
 
 def test_rehearse_mode_never_touches_the_environment(bfcl, reference_policy):
@@ -20,7 +26,7 @@ def test_rehearse_mode_never_touches_the_environment(bfcl, reference_policy):
     episodes = engine.run_batch([(t, 0) for t in tasks])
     assert all(ep.env.executions == 0 for ep in episodes)
     assert all(c["source"] == "rehearsed" for ep in episodes for c in ep.calls)
-    rows = [engine.episode_row(ep) for ep in episodes]
+    rows = [score(ep, "rehearse") for ep in episodes]
     # a rehearser that reproduces the real results lets the caller finish every turn: full checklist
     assert all(r["checklist"] == 1.0 and r["env_executions"] == 0 for r in rows)
 
@@ -42,14 +48,16 @@ def test_rehearsals_are_batched_across_episodes(bfcl, reference_policy):
     roles = [k.pop() for k in kinds]
     # each step: one caller call, then at most one rehearser call for every pending call of every episode
     assert roles[0] == "caller" and all(not (a == b == "rehearser") for a, b in zip(roles, roles[1:], strict=False))
-    assert roles.count("caller") == max(sum(r["role"] == "caller" for r in ep.turns) for ep in episodes)
-    assert sum(r["role"] == "rehearser" for ep in episodes for r in ep.turns) == sum(len(ep.calls) for ep in episodes)
+    assert roles.count("caller") == max(len(ep.of_role("caller")) for ep in episodes)
+    assert sum(len(ep.of_role("rehearser")) for ep in episodes) == sum(len(ep.calls) for ep in episodes)
     assert roles.count("rehearser") < sum(len(ep.calls) for ep in episodes)  # calls of several episodes share one
 
 
 def test_shadow_pairs_line_up_with_the_real_replay(bfcl, reference_policy):
-    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
-    episodes = _engine(reference_policy(tasks), bfcl, mode="rehearse+shadow").run_batch([(t, 0) for t in tasks])
+    # on train tasks the rehearser may be grounded on the task's own results: a perfect copy of them
+    tasks = bfcl.load_tasks("multi_turn_base", "train", limit=2)
+    episodes = _engine(reference_policy(tasks), bfcl, mode="rehearse+shadow", split="train",
+                       rehearser=RehearserOptions(fewshot="reference")).run_batch([(t, 0) for t in tasks])
     for ep in episodes:
         real = [ref.result.content for turn in ep.task.reference for ref in turn]
         assert [p["real_response"] for p in ep.pairs] == real
@@ -60,16 +68,15 @@ def test_shadow_pairs_line_up_with_the_real_replay(bfcl, reference_policy):
 def test_real_shadow_feeds_real_responses_and_records_bad_rehearsals(bfcl, reference_policy, tmp_path):
     tasks = bfcl.load_tasks("multi_turn_base", "test", limit=2)
     policy = reference_policy(tasks, rehearsal="no tags here")
-    engine = _engine(policy, bfcl, mode="real+shadow", decision_sample=1.0)
     run = Run.create(tmp_path, "rollout", {}, "tiny", name="shadow")
-    summary = engine.run(tasks, run)
+    summary = play(_config(mode="real+shadow", decision_sample=1.0), run, policy, tasks=tasks)
     assert summary.terminations == {"completed": 2}  # a bad rehearsal only matters when it is fed back
     con = connect(tmp_path)
     pairs = con.execute("SELECT fed_back, rehearsal_error, rehearsed_response, exact, decision_changed "
                         "FROM pairs").fetchall()
     assert len(pairs) == summary.calls > 0
     assert all(p == ("real", "missing_result", None, 0.0, None) for p in pairs)  # no fork without a rehearsal
-    roles = dict(con.execute("SELECT role, count(*) FROM turns GROUP BY role").fetchall())
+    roles = dict(con.execute("SELECT role, count(*) FROM generations GROUP BY role").fetchall())
     assert roles["rehearser"] == summary.calls
 
 
@@ -95,7 +102,7 @@ def test_decision_forks_compare_next_actions(bfcl, reference_policy):
 
 def test_embedding_cosine_is_filled(bfcl, reference_policy):
     tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
-    engine = RolloutEngine(reference_policy(tasks), bfcl, RolloutConfig(mode="rehearse+shadow"))
+    engine = build_engine(reference_policy(tasks), bfcl, RolloutConfig(mode="rehearse+shadow"))
     (ep,) = engine.run_batch([(tasks[0], 0)])
     assert all(p["embed_cos"] == pytest.approx(1.0, abs=1e-4) for p in ep.pairs)
 
@@ -158,7 +165,7 @@ def test_dyna_mix_sends_that_share_of_calls_to_the_real_environment(bfcl, refere
                        seed=1).run_batch([(t, 0) for t in tasks])
     calls = [c for ep in episodes for c in ep.calls]
     real = [c for c in calls if c["source"] == "real"]
-    rehearsals = sum(t["role"] == "rehearser" for ep in episodes for t in ep.turns)
+    rehearsals = sum(len(ep.of_role("rehearser")) for ep in episodes)
     assert sum(ep.env.executions for ep in episodes) == len(real)  # the environment sees only its share
     assert rehearsals == len(calls) - len(real)  # every other call is rehearsed, none twice
     if fraction in (0.0, 1.0):
@@ -166,3 +173,22 @@ def test_dyna_mix_sends_that_share_of_calls_to_the_real_environment(bfcl, refere
     else:
         assert 0 < len(real) < len(calls)
     assert not any(ep.pairs for ep in episodes)  # a mix is not a shadow: nothing answered twice
+
+
+def test_a_shadow_share_pairs_whole_episodes_and_a_mix_inside_a_shadow_executes_each_call_once(bfcl, reference_policy):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=4)
+    episodes = _engine(reference_policy(tasks), bfcl, mode="rehearse", shadow_fraction=0.5,
+                       seed=3).run_batch([(t, g) for t in tasks for g in range(2)])
+    shadowed = [ep for ep in episodes if ep.shadowed]
+    assert 0 < len(shadowed) < len(episodes)
+    for ep in episodes:  # a shadowed episode's environment sees every call of it, in order; the others none
+        assert ep.env.executions == (len(ep.calls) if ep.shadowed else 0)
+        assert len(ep.pairs) == (len(ep.calls) if ep.shadowed else 0)
+        assert all(c["source"] == "rehearsed" for c in ep.calls)
+    mixed = _engine(reference_policy(tasks), bfcl, mode="rehearse", shadow_fraction=1.0, real_fraction=0.5,
+                    seed=3).run_batch([(t, 0) for t in tasks])
+    for ep in mixed:
+        real = sum(c["source"] == "real" for c in ep.calls)
+        assert ep.env.executions == len(ep.calls)  # mixed-in real calls are not executed a second time
+        assert len(ep.pairs) == len(ep.calls) - real  # a real call fed back has no rehearsal beside it
+        assert len(ep.of_role("rehearser")) == len(ep.calls) - real

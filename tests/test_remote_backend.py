@@ -66,7 +66,7 @@ def test_the_simulated_user_can_be_served(server, tmp_path):
                  "--user-max-new-tokens", "6", "--max-user-turns", "2", "--root", str(tmp_path)]) == 0
     assert len(seen) - before == 2  # one request per user message
     con = connect(tmp_path)
-    assert con.execute("SELECT count(*) FROM turns WHERE role = 'user'").fetchall() == [(2,)]
+    assert con.execute("SELECT count(*) FROM generations WHERE role = 'user'").fetchall() == [(2,)]
 
 
 def test_an_unreachable_server_is_one_clear_error(tmp_path, capsys):

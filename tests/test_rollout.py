@@ -1,5 +1,6 @@
 from envace.config import RolloutConfig
-from envace.rehearsal.rollout import RolloutEngine
+from envace.jobs import play
+from envace.rehearsal.build import build_engine
 
 
 def _tasks(bfcl, n, category="multi_turn_base"):
@@ -11,8 +12,7 @@ def test_reference_policy_succeeds_end_to_end(bfcl, reference_policy):
     for category in ("multi_turn_base", "multi_turn_miss_func"):
         tasks = _tasks(bfcl, 3, category)
         policy = reference_policy(tasks)
-        engine = RolloutEngine(policy, bfcl, RolloutConfig(category=category, batch_size=3))
-        summary = engine.run(tasks)
+        summary = play(RolloutConfig(category=category, batch_size=3), None, policy, tasks=tasks)
         assert summary.successes == summary.episodes == 3
         assert summary.terminations == {"completed": 3}
         assert summary.calls == sum(len(turn) for t in tasks for turn in t.reference)
@@ -21,11 +21,11 @@ def test_reference_policy_succeeds_end_to_end(bfcl, reference_policy):
 def test_one_backend_call_per_step(bfcl, reference_policy):
     tasks = _tasks(bfcl, 4)
     policy = reference_policy(tasks)
-    engine = RolloutEngine(policy, bfcl, RolloutConfig(batch_size=4))
+    engine = build_engine(policy, bfcl, RolloutConfig(batch_size=4))
     episodes = engine.run_batch([(t, 0) for t in tasks])
     # every episode advances at each call, so the batch needs as many calls as its longest episode
-    assert policy.calls == max(len(ep.turns) for ep in episodes)
-    assert len(policy.prompts) == sum(len(ep.turns) for ep in episodes)
+    assert policy.calls == max(len(ep.generations) for ep in episodes)
+    assert len(policy.prompts) == sum(len(ep.generations) for ep in episodes)
 
 
 def test_token_in_token_out(bfcl, tiny_backend):
@@ -41,7 +41,7 @@ def test_token_in_token_out(bfcl, tiny_backend):
     tiny_backend.generate = recording
     tasks = _tasks(bfcl, 2)
     cfg = RolloutConfig(model="tiny", max_new_tokens=12, batch_size=2)
-    episodes = RolloutEngine(tiny_backend, bfcl, cfg).run_batch([(t, 0) for t in tasks])
+    episodes = build_engine(tiny_backend, bfcl, cfg).run_batch([(t, 0) for t in tasks])
     followed = 0
     for i, (prompt, gen) in enumerate(seen):
         later = [p for p, _ in seen[i + 1:] if p[: len(prompt)] == prompt]
@@ -50,9 +50,8 @@ def test_token_in_token_out(bfcl, tiny_backend):
             followed += 1
     assert followed == len(seen) - len(tasks)  # every prompt but each episode's last one is continued
     for ep in episodes:
-        for row in ep.turns:
-            start = row["prompt_len"]
-            assert ep.ids[start: start + len(row["completion_ids"])] == row["completion_ids"]
+        for g in ep.generations:
+            assert ep.ids[g.prompt_len: g.prompt_len + len(g.gen.ids)] == g.gen.ids
 
 
 def test_parse_errors_are_recorded_and_follow_the_rule(bfcl, reference_policy):
@@ -60,27 +59,27 @@ def test_parse_errors_are_recorded_and_follow_the_rule(bfcl, reference_policy):
     bad = '<tool_call>{"name": "cd", "arguments": {</tool_call>'
     for rule, termination, messages in (("end_turn", "completed", len(tasks[0].user_turns)),
                                         ("end_episode", "parse_error", 1)):
-        engine = RolloutEngine(reference_policy(tasks, corrupt=bad), bfcl, RolloutConfig(on_parse_error=rule))
+        engine = build_engine(reference_policy(tasks, corrupt=bad), bfcl, RolloutConfig(on_parse_error=rule))
         (ep,) = engine.run_batch([(tasks[0], 0)])
-        assert ep.termination == termination and len(ep.turns) == messages
-        assert all(row["parse_error"] == "json_decode_error" and row["completion_text"] == bad for row in ep.turns)
+        assert ep.termination == termination and len(ep.generations) == messages
+        assert all(g.parse_error == "json_decode_error" and g.gen.text == bad for g in ep.generations)
 
 
 def test_step_limit_and_context_limit(bfcl, reference_policy, tiny_backend):
     tasks = _tasks(bfcl, 1)
     loop = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
-    engine = RolloutEngine(reference_policy(tasks, corrupt=loop), bfcl, RolloutConfig(max_steps_per_turn=3))
+    engine = build_engine(reference_policy(tasks, corrupt=loop), bfcl, RolloutConfig(max_steps_per_turn=3))
     (ep,) = engine.run_batch([(tasks[0], 0)])
     assert ep.termination == "step_limit" and len(ep.calls) == 3
     assert not ep.env.score(ep.task, ep.steps).success
-    small = RolloutEngine(tiny_backend, bfcl, RolloutConfig(max_new_tokens=8), max_context=len(ep.ids[:10]))
+    small = build_engine(tiny_backend, bfcl, RolloutConfig(max_new_tokens=8), max_context=len(ep.ids[:10]))
     (cut,) = small.run_batch([(tasks[0], 0)])
-    assert cut.termination == "context_exceeded" and cut.turns == []
+    assert cut.termination == "context_exceeded" and cut.generations == []
 
 
 def test_group_rollouts_are_separate_episodes(bfcl, reference_policy):
     tasks = _tasks(bfcl, 1)
-    engine = RolloutEngine(reference_policy(tasks), bfcl, RolloutConfig(group_size=3, batch_size=8))
+    engine = build_engine(reference_policy(tasks), bfcl, RolloutConfig(group_size=3, batch_size=8))
     (batch,) = list(engine.batches(tasks))
     episodes = engine.run_batch(batch)
     assert [ep.group_index for ep in episodes] == [0, 1, 2]

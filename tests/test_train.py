@@ -36,7 +36,7 @@ def test_train_smoke_config_end_to_end(tmp_path, capsys):
     assert len(nll) >= 2 and sum(nll[-2:]) < sum(nll[:2])  # the warm-up learns
     roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE phase = 'grpo'").fetchall()}
     assert {"all", "caller"} <= roles
-    assert con.execute("SELECT count(DISTINCT batch) FROM episodes WHERE run_id = 't'").fetchall()[0][0] == 2
+    assert con.execute("SELECT count(DISTINCT step) FROM episodes WHERE run_id = 't'").fetchall()[0][0] == 2
     assert con.execute("SELECT max(env_executions) FROM episodes").fetchall()[0][0] == 0  # no environment in RL
     capsys.readouterr()
     checkpoint = tmp_path / "t" / "checkpoint"
@@ -58,8 +58,8 @@ def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     from envace.training.train import train
 
     cfg = TrainConfig(model="tiny", lora=True, lora_rank=4, sft_tasks=1, sft_epochs=1, sft_lr=1e-2,
-                      rows_per_step=8, grpo_steps=1, tasks_per_step=1, group_size=2, max_new_tokens=8,
-                      max_steps_per_turn=1)
+                      rows_per_step=8, grpo_steps=1, tasks_per_step=1,
+                      rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
     run = Run.create(tmp_path, "train", {}, "tiny", name="lora")
     summary = train(cfg, run, say=lambda _: None)
     saved = tmp_path / "lora" / "checkpoint"
@@ -83,8 +83,9 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
     def step_three(run):
         metrics = con.execute("SELECT role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' "
                               "AND step = 2 ORDER BY role, name", [run]).fetchall()
-        turns = con.execute("SELECT episode_id, role, turn, step, completion_ids FROM turns WHERE run_id = ? "
-                            "AND batch = 2 ORDER BY episode_id, role, turn, step, call_index", [run]).fetchall()
+        turns = con.execute("SELECT episode_id, role, turn, turn_step, completion_ids FROM generations "
+                            "WHERE run_id = ? AND step = 2 ORDER BY episode_id, role, turn, turn_step, call_index",
+                            [run]).fetchall()
         return metrics, turns
 
     (m_whole, t_whole), (m_cut, t_cut) = step_three("whole"), step_three("cut")
@@ -106,9 +107,8 @@ def _variant(tmp_path, name, **overrides):
     from envace.training.train import train
 
     base = dict(model="tiny", sft_tasks=1, sft_epochs=1, sft_lr=1e-2, rows_per_step=8, grpo_steps=1,
-                tasks_per_step=1, group_size=2, max_new_tokens=8, max_steps_per_turn=1)
-    cfg = TrainConfig(**{**base, **overrides})
-    cfg.validate()
+                tasks_per_step=1, rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
+    cfg = TrainConfig.from_dict({**base, **overrides})
     run = Run.create(tmp_path, "train", {}, "tiny", name=name)
     return cfg, train(cfg, run, say=lambda _: None)
 
@@ -124,7 +124,7 @@ def test_a_frozen_role_generates_with_the_base_weights_while_the_caller_learns()
     from envace.training.grpo import Row, backward
 
     cfg = TrainConfig(model="tiny", variant="caller_only", lora=True)
-    assert cfg.rollout().frozen_rehearser and cfg.trained_roles == ("caller",)
+    assert cfg.rollout_at(0).frozen_rehearser and cfg.trained_roles == ("caller",)
     model, tok = build_tiny(seed=5)
     peft = add_lora(model, 4)
     backend = HFBackend(peft, tok)
@@ -159,7 +159,7 @@ def test_caller_only_needs_lora():
     from envace.errors import UsageError
 
     with pytest.raises(UsageError, match="needs lora"):
-        TrainConfig(model="tiny", variant="caller_only").validate()
+        TrainConfig(model="tiny", variant="caller_only")
 
 
 def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
@@ -167,8 +167,8 @@ def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
 
     root = str(tmp_path)
     assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "dyna", "--set", "eval_every=1",
-                 "--set", "eval_limit=1", "--set", "real_fraction=0.0", "--set", "real_fraction_end=1.0",
-                 "--set", "rehearser.max_new_tokens=8"]) == 0
+                 "--set", "eval_limit=1", "--set", "rollout.real_fraction=0.0", "--set", "real_fraction_end=1.0",
+                 "--set", "rollout.rehearser.max_new_tokens=8"]) == 0
     con = connect(root)
     evals = con.execute("SELECT step, name, value FROM metrics WHERE phase = 'eval' ORDER BY step").fetchall()
     assert sorted({s for s, _, _ in evals}) == [0, 1, 2]  # before GRPO, then after every update
@@ -176,13 +176,14 @@ def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
     fractions = con.execute("SELECT value FROM metrics WHERE phase = 'grpo' AND name = 'real_fraction' "
                             "ORDER BY step").fetchall()
     assert [f for (f,) in fractions] == [0.0, 1.0]
-    first, last = con.execute("SELECT sum(env_executions), sum(n_calls) FROM episodes GROUP BY batch "
-                              "ORDER BY batch").fetchall()
+    first, last = con.execute("SELECT sum(env_executions), sum(n_calls) FROM episodes WHERE phase = 'grpo' "
+                              "GROUP BY step ORDER BY step").fetchall()
     assert first[0] == 0 and last[0] == last[1]  # rehearsed world first, the real one at the end
 
 
 def test_set_overrides_are_validated_like_the_file(tmp_path):
-    for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "group_size=0"], ["--set", "rehearser.x=1"]):
+    for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "rollout.group_size=0"],
+                ["--set", "rollout.rehearser.x=1"], ["--set", "lr=abc"], ["--set", "lr=nan"]):
         assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), *bad]) == 2
     assert not list(tmp_path.iterdir())
 
@@ -196,14 +197,14 @@ def test_two_processes_train_one_model_under_torchrun(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "process 1 of 2" in done.stdout and (tmp_path / "dp" / "checkpoint" / "config.json").exists()
     con = connect(tmp_path)
-    shards = con.execute("SELECT batch, count(DISTINCT task_uid), count(*) FROM episodes GROUP BY batch").fetchall()
+    shards = con.execute("SELECT step, count(DISTINCT task_uid), count(*) FROM episodes GROUP BY step").fetchall()
     assert [(b, tasks) for b, tasks, _ in sorted(shards)] == [(0, 2), (1, 2)]  # both processes' tasks stored
     assert con.execute("SELECT status FROM runs WHERE run_id = 'dp'").fetchall() == [("completed",)]
 
 
 @pytest.mark.parametrize("path", sorted(Path("experiments").glob("*.toml")), ids=lambda p: p.name)
 def test_every_experiment_config_validates(path):
-    from envace.config import RolloutConfig, TrainConfig, from_dict, load_toml
+    from envace.config import RolloutConfig, TrainConfig, load_toml
     from envace.errors import UsageError
 
     raw = load_toml(path)
@@ -212,9 +213,9 @@ def test_every_experiment_config_validates(path):
             data = dict(raw[table])
             if data.get("model", "default") not in ("default", "tiny"):  # a GPU model absent from this machine
                 with pytest.raises(UsageError, match="no network here"):
-                    from_dict(cls, data)
+                    cls.from_dict(data)
                 data["model"] = "tiny"
-            from_dict(cls, data, where=f"{path} [{table}]")
+            cls.from_dict(data, where=f"{path} [{table}]")
 
 
 def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):
@@ -287,3 +288,66 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, lora):
     assert not result["skipped"] and result["moved"] > 1e-3  # the updates did something
     assert result["weights"] < 1e-5 and result["moments"] < 1e-6
     assert result["saved"] == [result["tensors"]] * 2  # whole weights and moments, not one shard
+
+
+def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, monkeypatch, tiny):
+    """A training run records through the same path as a rollout (calls, pairs with `shadow_fraction`), and
+    each generation row holds the very advantage `grpo_step` was given for it, and whether it was trained."""
+    import random
+
+    import envace.training.train as trainer
+    from apps.render import episode_html
+    from envace.envs import registry
+    from envace.policy.backend import Generation
+    from envace.policy.scripted import ReferencePolicy
+    from envace.training.grpo import grpo_step
+    from workbench import Workbench
+
+    tok = tiny[1]
+    train_tasks = registry.get("bfcl").load_tasks("multi_turn_base", "train")
+
+    class CoinFlipCaller(ReferencePolicy):
+        """The reference caller that drops a call half the time (seeded): rewards differ within a group."""
+
+        max_context = None
+
+        def clear_caches(self):
+            pass
+
+        def generate(self, prompts, params):
+            rng = random.Random(params.seed)
+            out = []
+            for gen in super().generate(prompts, params):
+                if "<tool_call>" in gen.text and rng.random() < 0.5:
+                    text = "I cannot do that."
+                    gen = Generation(tok.encode(text, add_special_tokens=False) + [self.end], text, "stop")
+                out.append(gen)
+            return out
+
+    used = []
+
+    def recording_step(model, optimizer, rows, advantages, *args, **kwargs):
+        used.append(list(zip(rows, advantages, strict=True)))
+        return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "HFBackend", lambda model, tokenizer: CoinFlipCaller(tokenizer, train_tasks))
+    monkeypatch.setattr(trainer, "grpo_step", recording_step)
+    root = tmp_path / "runs"
+    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft_tasks=0",
+                 "--set", "rollout.shadow_fraction=1.0", "--set", "rollout.max_steps_per_turn=3",
+                 "--set", "rollout.group_size=4"]) == 0
+    con = connect(root)
+    assert con.execute("SELECT count(*) FROM calls").fetchall()[0][0] > 0
+    assert con.execute("SELECT count(*) FROM pairs").fetchall()[0][0] > 0  # shadowed by the real environment
+    for step, rows in enumerate(used):
+        stored = con.execute("SELECT role, completion_ids, advantage FROM generations WHERE step = ? AND trained",
+                             [step]).fetchall()
+        key = sorted((role, tuple(ids), round(adv, 9)) for role, ids, adv in stored)
+        assert key == sorted((r.role, tuple(r.completion_ids), round(a, 9)) for r, a in rows)
+    assert any(a != 0 for rows in used for _, a in rows)  # a real signal was stored, not only zeros
+    wb = Workbench(root)
+    episode = wb.episodes("t")["episode_id"][0]
+    steps = wb.steps("t", episode)
+    caller = steps[steps["role"] == "caller"].iloc[0]
+    html = episode_html(steps, wb.calls("t", episode))
+    assert f"advantage {caller['advantage']:+.3f}" in html

@@ -6,8 +6,9 @@ from envace.config import RolloutConfig
 from envace.envs import registry
 from envace.envs.tau2 import load_tasks
 from envace.policy.backend import Generation
-from envace.rehearsal.rollout import RolloutEngine
-from envace.training.rows import episode_rows
+from envace.record import score
+from envace.rehearsal.build import build_engine
+from envace.training.rows import training_rows
 from envace.types import Role
 
 
@@ -48,17 +49,17 @@ def test_a_simulated_conversation_replaying_the_gold_actions_scores_one(tau2, ti
     task = _quiet_task(tau2)
     assert task.simulated_user is not None and "###STOP###" in task.simulated_user.system_prompt
     cfg = RolloutConfig(env="tau2", category="retail", model="tiny", mode="real", embedding=False)
-    engine = RolloutEngine(reference_policy([task]), tau2, cfg, None, None, ScriptedUser(tiny[1], task.user_turns[0]))
+    engine = build_engine(reference_policy([task]), tau2, cfg, None, ScriptedUser(tiny[1], task.user_turns[0]))
     (ep,) = engine.run_batch([(task, 0)])
-    row = engine.episode_row(ep)
+    row = score(ep, "real")
     assert row["termination"] == "completed" and row["success"], row["score_detail"]
     assert row["checklist"] == 1.0
-    users = [t for t in ep.turns if t["role"] == Role.USER]
-    assert len(users) == 2 and "###STOP###" in users[-1]["completion_text"] and users[0]["prompt_ids"]
+    users = ep.of_role(Role.USER)
+    assert len(users) == 2 and "###STOP###" in users[-1].gen.text and users[0].prompt_ids
     # the user's generations are stored as their own role and never become training rows
-    rows = episode_rows(ep, row["checklist"])
+    _, rows = training_rows([ep], ("caller", "rehearser"))
     assert rows and all(r.role in (Role.CALLER, Role.REHEARSER) for r in rows)
-    assert len(rows) == sum(t["role"] == Role.CALLER for t in ep.turns)
+    assert len(rows) == len(ep.of_role(Role.CALLER))
 
 
 def test_dropping_a_gold_action_fails_the_conversation(tau2, tiny, reference_policy):
@@ -67,20 +68,20 @@ def test_dropping_a_gold_action_fails_the_conversation(tau2, tiny, reference_pol
     short = type(task)(**{**task.__dict__, "reference": [[r for i, r in enumerate(task.reference[0])
                                                           if i != writes[-1]]]})
     cfg = RolloutConfig(env="tau2", category="retail", model="tiny", mode="real", embedding=False)
-    engine = RolloutEngine(reference_policy([short]), tau2, cfg, None, None, ScriptedUser(tiny[1], task.user_turns[0]))
+    engine = build_engine(reference_policy([short]), tau2, cfg, None, ScriptedUser(tiny[1], task.user_turns[0]))
     (ep,) = engine.run_batch([(short, 0)])
-    assert not engine.episode_row(ep)["success"]
+    assert not score(ep, "real")["success"]
 
 
 def test_a_user_that_never_stops_is_cut_off(tau2, tiny, tiny_backend):
     task = _quiet_task(tau2)
     cfg = RolloutConfig(env="tau2", category="retail", model="tiny", mode="rehearse", max_new_tokens=4,
                         max_user_turns=3, embedding=False)
-    engine = RolloutEngine(tiny_backend, tau2, cfg, None, None, ScriptedUser(tiny[1], "hello", never_stop=True))
+    engine = build_engine(tiny_backend, tau2, cfg, None, ScriptedUser(tiny[1], "hello", never_stop=True))
     (ep,) = engine.run_batch([(task, 0)])
-    row = engine.episode_row(ep)
+    row = score(ep, "rehearse")
     assert row["termination"] == "user_turn_limit" and not row["success"]
-    assert sum(t["role"] == Role.USER for t in ep.turns) == 3 and ep.env.executions == 0
+    assert len(ep.of_role(Role.USER)) == 3 and ep.env.executions == 0
 
 
 @pytest.mark.parametrize("mode", ["real", "rehearse+shadow"])
@@ -89,9 +90,9 @@ def test_solo_telecom_runs_on_the_tiny_model(tiny_backend, tau2, mode):
     assert task.simulated_user is None
     cfg = RolloutConfig(env="tau2", category="telecom_solo", model="tiny", mode=mode, max_new_tokens=8,
                         max_steps_per_turn=2, embedding=False)
-    (ep,) = RolloutEngine(tiny_backend, tau2, cfg).run_batch([(task, 0)])
+    (ep,) = build_engine(tiny_backend, tau2, cfg).run_batch([(task, 0)])
     assert ep.termination in ("completed", "step_limit")
-    assert not any(t["role"] == Role.USER for t in ep.turns)
+    assert not ep.of_role(Role.USER)
 
 
 def test_the_cli_rolls_out_tau2_with_the_user_played_by_the_policy(tmp_path):
@@ -102,7 +103,7 @@ def test_the_cli_rolls_out_tau2_with_the_user_played_by_the_policy(tmp_path):
                  "--max-new-tokens", "8", "--user-max-new-tokens", "8", "--max-user-turns", "2",
                  "--root", str(tmp_path), "--run-name", "t"]) == 0
     con = connect(tmp_path)
-    roles = dict(con.execute("SELECT role, count(*) FROM turns GROUP BY role").fetchall())
+    roles = dict(con.execute("SELECT role, count(*) FROM generations GROUP BY role").fetchall())
     assert roles["user"] == 2 and roles["caller"] >= 2
     assert con.execute("SELECT termination, env, category FROM episodes").fetchall() == [
         ("user_turn_limit", "tau2", "airline")]
@@ -113,9 +114,9 @@ def test_training_runs_on_solo_telecom_and_refuses_reference_rows_without_script
     from envace.cli import main
     from envace.store import connect
 
-    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "env=tau2"]
-    assert main([*args, "--set", "category=telecom_solo", "--run-name", "solo"]) == 0
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "rollout.env=tau2"]
+    assert main([*args, "--set", "rollout.category=telecom_solo", "--run-name", "solo"]) == 0
     con = connect(tmp_path)
     assert con.execute("SELECT DISTINCT category FROM episodes").fetchall() == [("telecom_solo",)]
-    assert main([*args, "--set", "category=retail", "--run-name", "conversation"]) == 2
+    assert main([*args, "--set", "rollout.category=retail", "--run-name", "conversation"]) == 2
     assert "simulated user" in capsys.readouterr().err

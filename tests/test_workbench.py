@@ -58,7 +58,7 @@ def test_queries_over_a_real_store(store):
         wb.episodes("../etc")  # run ids are validated: no path tricks
     with pytest.raises(UsageError):
         wb.sql("DROP VIEW episodes")
-    assert wb.sql("SELECT count(*) AS n FROM turns")["n"][0] > 0
+    assert wb.sql("SELECT count(*) AS n FROM generations")["n"][0] > 0
 
 
 def test_export_and_figures(store, tmp_path):
@@ -93,11 +93,11 @@ def test_filters_sort_and_the_rows_reward_and_advantage(store):
     trained = wb.episodes("trained")
     steps = pd.concat([wb.steps("trained", e) for e in trained["episode_id"]])
     assert steps["advantage"].notna().all()
-    # the same rows the trainer built: per (step, task, role) the advantages are centred
-    rows = wb.sql("SELECT t.batch, e.task_uid, t.role, t.episode_id, t.turn, t.step, t.call_index "
-                  "FROM turns t JOIN episodes e USING (run_id, batch, episode_id) WHERE t.run_id = 'trained'")
-    assert len(rows) == len(steps)
-    assert abs(steps["advantage"].sum()) < 1e-9
+    # the stored advantages are the trainer's own: centred per (step, task, role) over the trained rows
+    rows = wb.sql("SELECT g.step, e.task_uid, g.role, g.advantage FROM generations g JOIN episodes e "
+                  "USING (run_id, step, episode_id) WHERE g.run_id = 'trained' AND e.phase = 'grpo' AND g.trained")
+    assert len(rows) == len(steps) and steps["trained"].all()
+    assert rows.groupby(["step", "task_uid", "role"])["advantage"].sum().abs().max() < 1e-9
     over = wb.fidelity_over_training("trained")
     assert set(over["source"]) <= {"eval", "train"}
     assert set(wb.calibration("scripted")["episode_id"]) == set(wb.episodes("scripted")["episode_id"])
@@ -108,8 +108,9 @@ def test_corrupt_shards_are_skipped_with_a_warning(store, tmp_path):
 
     root = tmp_path / "runs"
     shutil.copytree(store / "scripted", root / "scripted")
-    good = sorted((root / "scripted" / "turns").glob("*.parquet"))[0]
-    (root / "scripted" / "turns" / "batch-90000.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    good = sorted((root / "scripted" / "generations").glob("*.parquet"))[0]
+    half = good.read_bytes()[: good.stat().st_size // 2]
+    (root / "scripted" / "generations" / "batch-90000.parquet").write_bytes(half)
     (root / "scripted" / "pairs" / "batch-90001.parquet").write_text("not parquet")
     (root / "broken").mkdir()
     (root / "broken" / "run.json").write_text("{ half")

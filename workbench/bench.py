@@ -1,7 +1,7 @@
 """`envace bench store`: how fast the app's queries are on a large store.
 
 Builds a synthetic store through the real write path (`Run.write`, one shard per batch and table):
-by default 1M pairs (and 1.5M turns, 1M calls) across 50 runs, each run a shadow rollout of 2,000
+by default 1M pairs (and 1.5M generations, 1M calls) across 50 runs, each run a shadow rollout of 2,000
 episodes of 5 caller messages with 2 calls each (so 10 rehearsals and 10 pairs), plus per-step
 training metrics. Then times every query the app
 issues, each repeated on different runs and episodes, and reports p50 / p95 latency against the
@@ -25,23 +25,24 @@ _MESSAGES, _CALLS = 5, 2  # caller messages per episode, calls per message: one 
 _EPISODES_PER_BATCH = 100
 
 
-def _episode(run_id: str, batch: int, index: int, rng: random.Random) -> dict[str, list[dict]]:
+def _episode(run_id: str, step: int, index: int, rng: random.Random) -> dict[str, list[dict]]:
     episode_id = f"bench.task_{index % 400}#{index}"
-    key = {"run_id": run_id, "batch": batch, "episode_id": episode_id}
-    turns, calls, pairs = [], [], []
-    for step in range(_MESSAGES):
-        where = {**key, "turn": step // 2, "step": step % 2}
+    key = {"run_id": run_id, "step": step, "episode_id": episode_id}
+    generations, calls, pairs = [], [], []
+    for message in range(_MESSAGES):
+        where = {**key, "turn": message // 2, "turn_step": message % 2}
         names = [rng.choice(TOOLS) for _ in range(_CALLS)]
-        text = "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {{"x": {step}}}}}\n</tool_call>' for n in names)
-        turns.append({**where, "role": "caller", "call_index": 0, "user_message": "please do it" * 8,
-                      "prompt_len": 900 + 40 * step, "completion_ids": list(range(40)), "completion_text": text,
-                      "finish": "stop", "n_calls": _CALLS, "logprobs": [-0.5] * 40})
+        text = "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {{"x": {message}}}}}\n</tool_call>'
+                       for n in names)
+        generations.append({**where, "role": "caller", "call_index": 0, "user_message": "please do it" * 8,
+                            "prompt_len": 900 + 40 * message, "completion_ids": list(range(40)),
+                            "completion_text": text, "finish": "stop", "n_calls": _CALLS, "logprobs": [-0.5] * 40})
         for index, name in enumerate(names):
             real = json.dumps({"result": rng.randrange(1000), "items": [rng.randrange(9) for _ in range(4)]})
             rehearsed = real if rng.random() < 0.5 else json.dumps({"result": rng.randrange(1000), "extra": True})
             exact = float(real == rehearsed)
-            turns.append({**where, "role": "rehearser", "call_index": index, "prompt_ids": list(range(120)),
-                          "completion_ids": list(range(30)), "completion_text": rehearsed, "finish": "stop"})
+            generations.append({**where, "role": "rehearser", "call_index": index, "prompt_ids": list(range(120)),
+                                "completion_ids": list(range(30)), "completion_text": rehearsed, "finish": "stop"})
             calls.append({**where, "call_index": index, "name": name, "arguments": '{"x": 1}', "source": "real",
                           "response": real, "is_error": False})
             pairs.append({**where, "call_index": index, "name": name, "arguments": '{"x": 1}', "fed_back": "real",
@@ -52,31 +53,32 @@ def _episode(run_id: str, batch: int, index: int, rng: random.Random) -> dict[st
                           "decision_changed": rng.random() < 0.2 if rng.random() < 0.3 else None})
     checklist = rng.random()
     episode = {**key, "task_uid": f"bench/task_{index % 400}", "env": "bench", "category": "synthetic",
-               "split": "test", "group_index": 0, "mode": "real+shadow", "success": checklist > 0.8,
+               "split": "test", "group_index": 0, "mode": "real+shadow", "phase": "rollout", "start_turn": 0,
+               "success": checklist > 0.8,
                "checklist": checklist, "termination": "completed", "n_turns": 3, "n_ref_turns": 3,
                "n_steps": _MESSAGES, "n_calls": _MESSAGES * _CALLS, "n_parse_errors": 0,
                "n_rehearsals": _MESSAGES * _CALLS, "n_rehearsal_errors": 0,
                "generated_tokens": 350, "context_ids": list(range(1100))}
-    return {"episodes": [episode], "turns": turns, "calls": calls, "pairs": pairs}
+    return {"episodes": [episode], "generations": generations, "calls": calls, "pairs": pairs}
 
 
 def build_store(root: Path, runs: int, pairs: int, say: Callable[[str], None] = print) -> dict[str, float]:
     """Write the synthetic store; returns rows written and the ingest rate of `Run.write`."""
     rng = random.Random(0)
     episodes_per_run = max(pairs // (_MESSAGES * _CALLS * runs), 1)
-    written = {"turns": 0, "pairs": 0, "write_s": 0.0}
+    written = {"generations": 0, "pairs": 0, "write_s": 0.0}
     for r in range(runs):
         run = Run.create(root, "rollout", {"synthetic": True}, "bench", f"bench-{r:02d}")
-        for batch, start in enumerate(range(0, episodes_per_run, _EPISODES_PER_BATCH)):
-            tables: dict[str, list[dict]] = {"episodes": [], "turns": [], "calls": [], "pairs": []}
+        for step, start in enumerate(range(0, episodes_per_run, _EPISODES_PER_BATCH)):
+            tables: dict[str, list[dict]] = {"episodes": [], "generations": [], "calls": [], "pairs": []}
             for i in range(start, min(start + _EPISODES_PER_BATCH, episodes_per_run)):
-                for table, rows in _episode(run.run_id, batch, i, rng).items():
+                for table, rows in _episode(run.run_id, step, i, rng).items():
                     tables[table].extend(rows)
             started = time.perf_counter()
             for table, rows in tables.items():
-                run.write(table, f"batch-{batch:05d}", rows)
+                run.write(table, f"batch-{step:05d}", rows)
             written["write_s"] += time.perf_counter() - started
-            written["turns"] += len(tables["turns"])
+            written["generations"] += len(tables["generations"])
             written["pairs"] += len(tables["pairs"])
         run.write("metrics", "grpo-00000", [{"run_id": run.run_id, "step": s, "phase": "grpo", "role": role,
                                              "name": name, "value": rng.random()}
@@ -84,8 +86,8 @@ def build_store(root: Path, runs: int, pairs: int, say: Callable[[str], None] = 
                                             for name in ("reward_mean", "loss", "grad_norm", "entropy")])
         run.update(status="finished", summary={"episodes": episodes_per_run})
         if (r + 1) % 10 == 0:
-            say(f"  {r + 1}/{runs} runs written ({written['turns']:,} turns)")
-    written["rows_per_s"] = (written["turns"] + written["pairs"]) / written["write_s"]
+            say(f"  {r + 1}/{runs} runs written ({written['generations']:,} generations)")
+    written["rows_per_s"] = (written["generations"] + written["pairs"]) / written["write_s"]
     return written
 
 
@@ -153,15 +155,16 @@ def bench_store(runs: int, pairs: int, console, keep: Path | None = None) -> lis
     try:
         console.print(f"building a synthetic store of {pairs:,} pairs across {runs} runs in {root} …")
         written = build_store(root, runs, pairs, console.print)
-        console.print(f"ingest through Run.write: {written['turns']:,} turns + {written['pairs']:,} pairs "
+        console.print(f"ingest through Run.write: {written['generations']:,} generations + {written['pairs']:,} pairs "
                       f"(+ their episodes and calls) in {written['write_s']:.1f} s = "
-                      f"{written['rows_per_s']:,.0f} turn+pair rows/s")
+                      f"{written['rows_per_s']:,.0f} generation+pair rows/s")
         started = time.perf_counter()
         wb = Workbench(root)
         console.print(f"first open (every shard's footer checked once): {time.perf_counter() - started:.2f} s, "
                       f"{sum(len(v) for v in wb.index.shards.values()):,} shards")
         results = time_queries(wb)
-        table = Table(title=f"app queries on {written['turns']:,} turns / {written['pairs']:,} pairs, {runs} runs")
+        table = Table(title=f"app queries on {written['generations']:,} generations / {written['pairs']:,} pairs, "
+                                    f"{runs} runs")
         for column in ("query", "kind", "p50 ms", "p95 ms", "target p95 ms", "ok"):
             table.add_column(column)
         for name, kind, p50, p95, target in results:
@@ -173,3 +176,16 @@ def bench_store(runs: int, pairs: int, console, keep: Path | None = None) -> lis
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":  # `envace bench store` runs this module (the CLI never imports a layer above envace)
+    import argparse
+
+    from rich.console import Console
+
+    parser = argparse.ArgumentParser(prog="envace bench store")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--keep", type=Path, default=None)
+    args = parser.parse_args()
+    bench_store(args.runs, args.rows, Console(highlight=False), args.keep)

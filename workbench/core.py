@@ -16,11 +16,12 @@ from typing import Any
 
 import pandas as pd
 
+from envace import ledger
 from envace.errors import UsageError
 from envace.store import StoreIndex, check_run_id, connect, refresh
 from workbench.diff import diff_rows
 
-_FIDELITY = ["valid_json", "exact", "structure_f1", "value_acc", "error_agree", "string_sim", "embed_cos", "copied"]
+_FIDELITY = list(ledger.METRICS)
 
 
 def _run(run_id: str | None) -> str | None:
@@ -103,7 +104,8 @@ class Workbench:
                    "high": "f.fidelity >= 2/3", "none": "f.fidelity IS NULL"}
         if fidelity is not None and fidelity not in buckets:
             raise UsageError(f"fidelity bucket must be one of {', '.join(buckets)}, not '{fidelity}'")
-        episodes, pairs, calls, turns = (self._source(t, run_id) for t in ("episodes", "pairs", "calls", "turns"))
+        episodes, pairs, calls, generations = (self._source(t, run_id)
+                                               for t in ("episodes", "pairs", "calls", "generations"))
         where, params = _filters(("e.success = ?", success), ("e.checklist >= ?", min_checklist),
                                  ("e.checklist <= ?", max_checklist), ("e.termination = ?", termination),
                                  ("e.run_id = ?", _run(run_id)),
@@ -116,52 +118,46 @@ class Workbench:
         order = "ASC" if worst_first else "DESC"
         return self._df(
             f"WITH cl AS (SELECT * FROM {calls}), f AS (SELECT run_id, episode_id, avg(exact) AS fidelity "
-            f"FROM {pairs} GROUP BY ALL), errs AS ({self._errors_sql(calls, turns)}) "
-            "SELECT e.run_id, e.episode_id, e.batch, e.task_uid, e.mode, e.success, e.checklist, f.fidelity, "
+            f"FROM {pairs} GROUP BY ALL), errs AS ({self._errors_sql(calls, generations)}) "
+            "SELECT e.run_id, e.episode_id, e.step, e.phase, e.task_uid, e.mode, e.success, e.checklist, f.fidelity, "
             "e.termination, e.n_turns, e.n_ref_turns, e.n_calls, e.n_parse_errors, e.n_rehearsal_errors, "
             f"e.generated_tokens FROM {episodes} e LEFT JOIN f USING (run_id, episode_id) {where} "
             f"ORDER BY e.success {order}, e.checklist {order}, f.fidelity {order} NULLS LAST, e.episode_id "
             f"LIMIT {int(limit)}", params)
 
     @staticmethod
-    def _errors_sql(calls: str, turns: str) -> str:
+    def _errors_sql(calls: str, generations: str) -> str:
         return (f"SELECT run_id, episode_id, error_kind AS kind FROM {calls} WHERE error_kind <> '' "
-                f"UNION ALL SELECT run_id, episode_id, parse_error FROM {turns} WHERE parse_error IS NOT NULL")
+                f"UNION ALL SELECT run_id, episode_id, parse_error FROM {generations} WHERE parse_error IS NOT NULL")
 
     def error_kinds(self, run_id: str) -> list[str]:
         """The caller parse-error and tool-error kinds that occur in a run, most frequent first."""
-        calls, turns = self._source("calls", run_id), self._source("turns", run_id)
-        return list(self._df(f"SELECT kind FROM ({self._errors_sql(calls, turns)}) WHERE run_id = ? "
+        calls, generations = self._source("calls", run_id), self._source("generations", run_id)
+        return list(self._df(f"SELECT kind FROM ({self._errors_sql(calls, generations)}) WHERE run_id = ? "
                              "GROUP BY kind ORDER BY count(*) DESC, kind", [check_run_id(run_id)])["kind"])
 
     def steps(self, run_id: str, episode_id: str) -> pd.DataFrame:
-        """An episode's generations in order (caller messages and rehearsals), turn by turn.
-
-        `reward` is the episode's checklist score every row shares (−0.1 for an empty generation) and
-        `advantage` its role-wise GRPO advantage: reward − the mean over every row of the same
-        (step batch, task, role) in the run, as `envace.training.grpo.role_advantages` computes it.
-        Rollout runs have no groups, so their advantage is empty.
-        """
-        turns, episodes = self._source("turns", run_id), self._source("episodes", run_id)
+        """An episode's generations in order (caller messages, rehearsals, user messages), turn by turn, each
+        with what was stored for it: the reward its role got, and in training runs the advantage the
+        update used and whether it trained on the row."""
+        generations = self._source("generations", run_id)
         return self._df(
-            "WITH r AS (SELECT t.*, e.task_uid, e.checklist - 0.1 * (len(t.completion_ids) = 0)::INT AS reward "
-            f"FROM {turns} t JOIN {episodes} e USING (run_id, batch, episode_id) WHERE t.run_id = ?), "
-            "a AS (SELECT *, CASE WHEN (SELECT kind FROM runs WHERE run_id = ?) = 'train' THEN reward - avg(reward) "
-            "OVER (PARTITION BY batch, task_uid, role) END AS advantage FROM r) "
-            "SELECT turn, step, role, call_index, user_message, completion_text, parse_error, "
-            "len(completion_ids) AS tokens, reward, advantage, logprobs FROM a WHERE episode_id = ? "
-            "ORDER BY turn, step, role = 'rehearser', call_index", [check_run_id(run_id), run_id, episode_id])
+            "SELECT turn, turn_step, role, call_index, user_message, completion_text, parse_error, "
+            "len(completion_ids) AS tokens, completion_ids, reward, advantage, trained, logprobs "
+            f"FROM {generations} WHERE run_id = ? AND episode_id = ? "
+            "ORDER BY turn, turn_step, role = 'rehearser', call_index", [check_run_id(run_id), episode_id])
 
     def calls(self, run_id: str, episode_id: str) -> pd.DataFrame:
         """Each call with the response the caller saw and, where recorded, the real and rehearsed pair."""
         calls, pairs = self._source("calls", run_id), self._source("pairs", run_id)
         return self._df(
-            "SELECT c.turn, c.step, c.call_index, c.name, c.arguments, c.source, c.response, c.is_error, "
+            "SELECT c.turn, c.turn_step, c.call_index, c.name, c.arguments, c.source, c.response, c.is_error, "
             "p.real_response, p.rehearsed_response, p.rehearsal_error, p.exact, p.structure_f1, p.value_acc, "
             "p.error_agreement, p.embed_cos, p.decision_changed "
-            f"FROM {calls} c LEFT JOIN {pairs} p ON p.run_id = c.run_id AND p.episode_id = c.episode_id "
-            "AND p.turn = c.turn AND p.step = c.step AND p.call_index = c.call_index "
-            "WHERE c.run_id = ? AND c.episode_id = ? ORDER BY c.turn, c.step, c.call_index",
+            f"FROM {calls} c LEFT JOIN {pairs} p ON p.run_id = c.run_id AND p.step = c.step "
+            "AND p.episode_id = c.episode_id AND p.turn = c.turn AND p.turn_step = c.turn_step "
+            "AND p.call_index = c.call_index "
+            "WHERE c.run_id = ? AND c.episode_id = ? ORDER BY c.turn, c.turn_step, c.call_index",
             [check_run_id(run_id), episode_id])
 
     @staticmethod
@@ -174,28 +170,23 @@ class Workbench:
     def pairs(self, run_id: str | None = None, tool: str | None = None) -> pd.DataFrame:
         where, params = _filters(("run_id = ?", _run(run_id)), ("name = ?", tool))
         return self._df(f"SELECT * FROM {self._source('pairs', run_id)} {where} "
-                        "ORDER BY run_id, episode_id, turn, step", params)
+                        "ORDER BY run_id, step, episode_id, turn, turn_step", params)
 
     def fidelity_by_tool(self, run_id: str | None = None) -> pd.DataFrame:
-        """Mean of every fidelity metric per tool, worst exact-match first.
+        """Mean of every fidelity metric per tool, worst exact-match first, and a last `all` row
+        (`envace.ledger`, the aggregate `envace fidelity` prints).
 
         Over the whole store the means are combined from per-run sums (`_across_runs`), so a refresh
         re-scans only the runs that wrote since, not every pair in the store.
         """
-        parts = ([self._tool_sums(run_id)] if run_id is not None else
-                 self._across_runs("pairs", self._tool_sums))
-        sums = pd.concat(parts).groupby("tool").sum() if parts else pd.DataFrame()
-        if sums.empty:
-            return pd.DataFrame(columns=["tool", "pairs", "malformed", *_FIDELITY])
-        means = {m: sums[f"sum_{m}"] / sums[f"n_{m}"].where(sums[f"n_{m}"] > 0) for m in _FIDELITY}
-        frame = pd.DataFrame({"pairs": sums["pairs"], "malformed": sums["malformed"] / sums["pairs"], **means})
-        return frame.reset_index().sort_values(["exact", "pairs"], ascending=[True, False], ignore_index=True)
+        sums = [self._tool_sums(run_id)] if run_id is not None else self._across_runs("pairs", self._tool_sums)
+        frame = ledger.means(sums)
+        tools = frame[frame["tool"] != "all"].sort_values(["exact", "pairs"], ascending=[True, False])
+        return pd.concat([tools, frame[frame["tool"] == "all"]], ignore_index=True)
 
     def _tool_sums(self, run_id: str) -> pd.DataFrame:
-        """Per tool of one run: pairs, malformed rehearsals, and each metric's sum and non-null count."""
-        sums = ", ".join(f"sum({m}::DOUBLE) AS sum_{m}, count({m}) AS n_{m}" for m in _FIDELITY)
-        return self._df(f"SELECT name AS tool, count(*) AS pairs, count(rehearsal_error) AS malformed, {sums} "
-                        f"FROM {self._source('pairs', run_id)} WHERE run_id = ? GROUP BY name", [check_run_id(run_id)])
+        with self._lock:
+            return ledger.tool_sums(self.con, self._source("pairs", run_id), check_run_id(run_id))
 
     def _across_runs(self, table: str, per_run: Callable[[str], pd.DataFrame]) -> list[pd.DataFrame]:
         """`per_run` of every run that has `table`, cached per run until that run's shards change."""
@@ -209,15 +200,17 @@ class Workbench:
         return parts
 
     def fidelity_over_training(self, run_id: str) -> pd.DataFrame:
-        """Rehearsal fidelity against the GRPO step, long format (step, source, name, value): `eval`
-        from the periodic test-split evaluation, `train` from that step's shadow pairs when attached."""
-        pairs = self._source("pairs", run_id)
+        """Rehearsal fidelity against the GRPO step, long format (step, source, name, value): `eval` from the
+        periodic test-split evaluations, `train` from the shadow pairs of that step's own rollouts
+        (`shadow_fraction`). Empty for a run that is not a training run."""
+        pairs, episodes = self._source("pairs", run_id), self._source("episodes", run_id)
         names = ", ".join(f"'{m}'" for m in _FIDELITY)
-        means = ", ".join(f"avg({m}::DOUBLE) AS {m}" for m in _FIDELITY)
+        means = ", ".join(f"avg(p.{m}::DOUBLE) AS {m}" for m in _FIDELITY)
         return self._df(
             f"SELECT step, 'eval' AS source, name, value FROM metrics WHERE run_id = ? AND phase = 'eval' "
             f"AND name IN ({names}) UNION ALL SELECT step, 'train' AS source, name, value FROM "
-            f"(UNPIVOT (SELECT batch AS step, {means} FROM {pairs} WHERE run_id = ? GROUP BY batch) "
+            f"(UNPIVOT (SELECT p.step AS step, {means} FROM {pairs} p JOIN {episodes} e "
+            f"USING (run_id, step, episode_id) WHERE p.run_id = ? AND e.phase = 'grpo' GROUP BY p.step) "
             f"ON {', '.join(_FIDELITY)} INTO NAME name VALUE value) ORDER BY step, source, name",
             [check_run_id(run_id), run_id])
 
@@ -232,7 +225,7 @@ class Workbench:
         return self._df(
             "SELECT e.run_id, e.episode_id, e.success, e.checklist, avg(p.exact) AS fidelity, "
             f"avg(p.copied::DOUBLE) AS copy_rate, count(*) AS pairs FROM {episodes} e JOIN {pairs} p "
-            "USING (run_id, batch, episode_id) WHERE e.run_id = ? GROUP BY ALL ORDER BY fidelity",
+            "USING (run_id, step, episode_id) WHERE e.run_id = ? GROUP BY ALL ORDER BY fidelity",
             [check_run_id(run_id)])
 
     # -- training and private rehearsal ------------------------------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def load_backend(spec: str, max_batch_tokens: int = 32768):
     """A local model (`default`, `tiny`, a path) or an OpenAI-compatible server (`http://…`, `remote.py`)."""
-    from envace.policy.remote import RemoteBackend, is_remote
+    from envace.policy.remote import RemoteBackend
+    from envace.policy.specs import is_remote
 
     if is_remote(spec):
         return RemoteBackend.from_spec(spec)

@@ -17,12 +17,8 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from envace.errors import UsageError
 from envace.policy.backend import Generation, SamplingParams
-
-END_OF_MESSAGE = "<|im_end|>"
-
-
-def is_remote(spec: str) -> bool:
-    return spec.startswith(("http://", "https://"))
+from envace.policy.models import load_tokenizer
+from envace.policy.tokenizer import END_OF_MESSAGE
 
 
 class RemoteBackend:
@@ -38,8 +34,6 @@ class RemoteBackend:
 
     @classmethod
     def from_spec(cls, spec: str) -> RemoteBackend:
-        from envace.policy.models import load_tokenizer
-
         parts = urlsplit(spec)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         if "model" not in query:

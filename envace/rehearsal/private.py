@@ -9,10 +9,11 @@ then rendered with the memory appended to the user's message and executed for re
 - sequential: N rounds of one attempt; attempt k sees the memory of attempts 1..k−1 in its user
   message, and the summariser revises that memory after it.
 
-All attempts of all episodes that open a turn at the same step advance together in a sub-engine
-(one backend call per step and role), and all their summaries go in one call. The sub-engine runs in
-`rehearse` mode against a `SealedEnvironment`: the tools' schemas and an `execute` that raises, so no
-real call can happen during rehearsal. Budget 0 never gets here: the plain policy, unchanged.
+`PrivateRehearsal` is the engine's before-turn hook. All attempts of all episodes that open a turn at
+the same step advance together in a sub-engine whose world is a `RehearsedWorld` (one backend call per
+step and role), and all their summaries go in one call. An imagined attempt carries the tools' schemas
+but no environment, so no real call can happen during rehearsal. Budget 0 never gets here: the plain
+policy, unchanged.
 """
 
 from __future__ import annotations
@@ -20,28 +21,17 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
 
 from envace.config import PrivateOptions
 from envace.fidelity import call_key
 from envace.formats import parse_tool_calls
+from envace.rehearsal.episode import Episode
 from envace.rehearsal.prompts import encode_messages, summariser_prompt
-from envace.types import Role, ToolCall, ToolResult
-
-if TYPE_CHECKING:
-    from envace.rehearsal.rollout import Episode, RolloutEngine
-
-
-class SealedEnvironment:
-    """All an imagined attempt may know of the real environment: its tools' schemas."""
-
-    executions = 0
-
-    def __init__(self, tools: dict[str, dict[str, Any]]) -> None:
-        self.tools = tools
-
-    def execute(self, call: ToolCall) -> ToolResult:
-        raise RuntimeError(f"private rehearsal tried to execute {call.name} in the real environment")
+from envace.rehearsal.rehearser import Rehearser
+from envace.rehearsal.rollout import RolloutEngine
+from envace.rehearsal.sampler import Sampler
+from envace.rehearsal.worlds import RehearsedWorld
+from envace.types import Role
 
 
 def parse_memory(text: str) -> tuple[str, str | None]:
@@ -60,20 +50,26 @@ class PrivateRehearsal:
     def __init__(self, options: PrivateOptions) -> None:
         self.options = options
 
+    def wants(self, ep: Episode) -> bool:
+        return self.options.scope == "turn" or ep.turn == 0
+
     def _sub_engine(self, engine: RolloutEngine) -> RolloutEngine:
         o = self.options
-        config = replace(engine.config, mode="rehearse", real_fraction=0.0, max_steps_per_turn=o.max_steps,
-                         temperature=o.temperature, private=PrivateOptions(), decision_sample=0.0, embedding=False,
-                         seed=engine.config.seed * 7_919 + engine.sampling_step)
-        return type(engine)(engine.backend, engine.benchmark, config, engine.max_context, engine.examples)
+        config = replace(engine.config, mode="rehearse", real_fraction=0.0, shadow_fraction=0.0,
+                         max_steps_per_turn=o.max_steps, temperature=o.temperature, private=PrivateOptions(),
+                         decision_sample=0.0, embedding=False,
+                         seed=engine.config.seed * 7_919 + engine.sampler.calls)
+        sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
+        rehearser = Rehearser(sampler, engine.examples, config.rehearser, frozen=config.frozen_rehearser)
+        return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
+                             engine.examples, max_context=engine.max_context)
 
     def _imagine(self, engine: RolloutEngine, ep: Episode, memory: str, attempt: int) -> Episode:
-        from envace.rehearsal.rollout import Episode
-
         last = len(ep.task.user_turns) if self.options.scope == "episode" else ep.turn + 1
-        task = replace(ep.task, user_turns=ep.task.user_turns[:last])  # the attempt ends where the rehearsal does
-        return Episode(f"{ep.episode_id}~t{ep.turn}a{attempt}", task, ep.group_index, SealedEnvironment(ep.env.tools),
-                       engine.turn_ids(ep, memory), 0, turn=ep.turn, steps=[[] for _ in range(ep.turn + 1)],
+        # the attempt ends where the rehearsal does, and a simulated user does not go on talking in it
+        task = replace(ep.task, user_turns=ep.task.user_turns[:last], simulated_user=None)
+        return Episode(f"{ep.episode_id}~t{ep.turn}a{attempt}", task, ep.group_index, None, ep.tools,
+                       engine.turn_ids(ep, memory), turn=ep.turn, steps=[[] for _ in range(ep.turn + 1)],
                        issued=[[] for _ in range(ep.turn + 1)], history=list(ep.history), demo=ep.demo)
 
     def memories(self, engine: RolloutEngine, episodes: list[Episode]) -> list[str]:
@@ -94,9 +90,9 @@ class PrivateRehearsal:
                 ep = episodes[i]
                 transcript = attempt.history[len(ep.history):]
                 transcripts[i].append(transcript)
-                tokens = {role: sum(len(t["completion_ids"]) for t in attempt.turns if t["role"] == role)
+                tokens = {role: sum(len(g.gen.ids) for g in attempt.of_role(role))
                           for role in (Role.CALLER, Role.REHEARSER)}
-                steps = sum(t["role"] == Role.CALLER for t in attempt.turns)
+                steps = len(attempt.of_role(Role.CALLER))
                 cost[i]["caller_tokens"] += tokens[Role.CALLER]
                 cost[i]["rehearser_tokens"] += tokens[Role.REHEARSER]
                 cost[i]["imagined_steps"] += steps
@@ -106,9 +102,9 @@ class PrivateRehearsal:
                     "transcript": "\n".join(f"{who}: {text}" for who, text in transcript),
                     "termination": attempt.termination, "n_steps": steps, "n_calls": len(attempt.calls),
                     "caller_tokens": tokens[Role.CALLER], "rehearser_tokens": tokens[Role.REHEARSER]})
-            prompts = [encode_messages(engine.backend.tokenizer, summariser_prompt(
+            prompts = [encode_messages(engine.sampler.tokenizer, summariser_prompt(
                 ep.task.user_turns[ep.turn], transcripts[i], memory[i])) for i, ep in enumerate(episodes)]
-            gens = engine.generate_role(prompts, o.memory_tokens, greedy=True)
+            gens = engine.sampler(prompts, o.memory_tokens, greedy=True)
             for i, gen in enumerate(gens):
                 cost[i]["summariser_tokens"] += len(gen.ids)
                 text, error = parse_memory(gen.text)
@@ -116,7 +112,7 @@ class PrivateRehearsal:
                     errors[i].append(error)
                 else:
                     memory[i] = text
-        engine.generation_s += sub.generation_s
+        engine.sampler.generation_s += sub.sampler.generation_s
         changed = self._decision_changed(engine, episodes, memory) if o.measure_change else [None] * len(episodes)
         wall = (time.perf_counter() - started) / len(episodes)  # the phase is shared by the episodes batched in it
         for i, ep in enumerate(episodes):
@@ -125,9 +121,10 @@ class PrivateRehearsal:
                                 **cost[i], "wall_s": wall, "decision_changed": changed[i]})
         return memory
 
-    def _decision_changed(self, engine: RolloutEngine, episodes: list[Episode], memory: list[str]) -> list[bool]:
+    @staticmethod
+    def _decision_changed(engine: RolloutEngine, episodes: list[Episode], memory: list[str]) -> list[bool]:
         """Greedy first action of each committed turn without and with its memory: did the memory change it?"""
         prompts = [engine.turn_ids(ep, m) for ep, m in zip(episodes, memory, strict=True) for m in ("", m)]
-        gens = engine.generate_role(prompts, engine.config.max_new_tokens, greedy=True)
+        gens = engine.sampler(prompts, engine.config.max_new_tokens, greedy=True)
         key = [call_key(parse_tool_calls(g.text).calls) for g in gens]
         return [key[2 * i] != key[2 * i + 1] for i in range(len(episodes))]

@@ -25,23 +25,21 @@ class Row:
     reward: float
 
 
-def role_advantages(rows: list[Row], scale_by_std: bool = False, empty_penalty: float = 0.1) -> list[float]:
+def role_advantages(rows: list[Row], scale_by_std: bool = False) -> list[float]:
     """A_i = r_i − mean{ r_j : task_j = task_i and role_j = role_i }.
 
-    r_i is the episode score shared by every row of the trajectory, minus `empty_penalty` when the
-    row generated nothing. The mean pools every row of that (task, role) across all G rollouts, so a
-    trajectory with more steps weighs more in the baseline (the reference's `group_by_agent_id`).
-    No division by the std unless `scale_by_std` (Dr.GRPO-style default). A group of one row has
-    advantage 0 here; the reference's special case (mean 0 for singleton groups) is not copied,
-    since it turns an unbaselined reward into a signal.
+    r_i is the reward the row's role got for its episode (`envace.rewards`). The mean pools every row
+    of that (task, role) across all G rollouts, so a trajectory with more steps weighs more in the
+    baseline (the reference's `group_by_agent_id`). No division by the std unless `scale_by_std`
+    (Dr.GRPO-style default). A group of one row has advantage 0 here; the reference's special case
+    (mean 0 for singleton groups) is not copied, since it turns an unbaselined reward into a signal.
     """
-    rewards = [r.reward - (empty_penalty if not r.completion_ids else 0.0) for r in rows]
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
         groups[(row.task_uid, row.role)].append(i)
     advantages = [0.0] * len(rows)
     for members in groups.values():
-        values = torch.tensor([rewards[i] for i in members], dtype=torch.float64)
+        values = torch.tensor([rows[i].reward for i in members], dtype=torch.float64)
         centred = values - values.mean()
         if scale_by_std and len(members) > 1:
             centred = centred / (values.std() + 1e-6)

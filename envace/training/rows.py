@@ -1,4 +1,4 @@
-"""Turning finished episodes into training rows, and the rows a perfect policy would produce."""
+"""Training rows: the generations an update trains on, and the rows a perfect policy would produce (SFT)."""
 
 from __future__ import annotations
 
@@ -6,25 +6,21 @@ from envace.config import RehearserOptions, RolloutConfig
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.scripted import ReferencePolicy
-from envace.rehearsal.rollout import Episode, RolloutEngine
+from envace.rehearsal.build import build_engine
+from envace.rehearsal.episode import Episode, Generated
 from envace.training.grpo import Row
-from envace.types import Role, Task
+from envace.types import Task
 
 
-def episode_rows(episode: Episode, reward: float,
-                 roles: tuple[str, ...] = (Role.CALLER, Role.REHEARSER)) -> list[Row]:
-    """One row per generation of the episode, each with the episode's reward.
+def training_rows(episodes: list[Episode], roles: tuple[str, ...]) -> tuple[list[Generated], list[Row]]:
+    """The generations of `roles` in the episodes, and each as a `Row` with the reward it was given.
 
     A caller row's prompt is the caller context up to that message (token ids exactly as generated);
     a rehearser row's prompt is its own rehearser prompt.
     """
-    rows = []
-    for turn in episode.turns:
-        if turn["role"] not in roles:
-            continue
-        prompt = turn.get("prompt_ids") or episode.ids[: turn["prompt_len"]]
-        rows.append(Row(episode.task.uid, turn["role"], list(prompt), list(turn["completion_ids"]), reward))
-    return rows
+    picked = [(ep, g) for ep in episodes for g in ep.generations if g.role in roles]
+    return [g for _, g in picked], [Row(ep.task.uid, g.role, list(g.prompt(ep.ids)), list(g.gen.ids), g.reward)
+                                    for ep, g in picked]
 
 
 def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser: RehearserOptions,
@@ -39,13 +35,15 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
     if any(t.simulated_user for t in tasks):
         raise UsageError("reference rows need scripted user turns; a conversation with a simulated user "
                          "(τ² airline, retail, telecom) has none: use telecom_solo, or set sft_tasks = 0")
-    cfg = RolloutConfig(mode="real+shadow", batch_size=1, embedding=False, rehearser=rehearser,
-                        caller_demo=caller_demo, tool_docs=tool_docs)
     rows: list[Row] = []
     for task in tasks:
+        cfg = RolloutConfig(env=benchmark.name, category=task.category, split="train", mode="real+shadow",
+                            batch_size=1, embedding=False, rehearser=rehearser, caller_demo=caller_demo,
+                            tool_docs=tool_docs)
         # one scripted policy per task: it finds its task by the first user message, which tasks may
         # share (τ² telecom has 5 distinct tickets among 114 tasks)
-        engine = RolloutEngine(ReferencePolicy(tokenizer, [task]), benchmark, cfg, examples=examples)
+        engine = build_engine(ReferencePolicy(tokenizer, [task]), benchmark, cfg, examples)
         for episode in engine.run_batch([(task, 0)]):
-            rows.extend(episode_rows(episode, 1.0))
+            _, episode_rows = training_rows([episode], ("caller", "rehearser"))
+            rows += [Row(r.task_uid, r.role, r.prompt_ids, r.completion_ids, 1.0) for r in episode_rows]
     return rows

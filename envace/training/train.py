@@ -21,23 +21,25 @@ import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
+import duckdb
 import torch
 
+from envace import ledger, record, rewards
 from envace.config import TrainConfig
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, load_policy
+from envace.rehearsal.build import build_engine
+from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.rollout import Episode, RolloutEngine
 from envace.store import Run
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
 from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages
-from envace.training.rows import episode_rows, reference_rows
+from envace.training.rows import reference_rows, training_rows
 from envace.types import Role
 
 
@@ -68,29 +70,39 @@ def _std(values: torch.Tensor) -> float:
 _FIDELITY = ("valid_json", "exact", "structure_f1", "value_acc", "error_agree")
 
 
-def evaluate(backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank) -> dict[str, float]:
-    """Greedy episodes on the first `eval_limit` test tasks: official success, checklist, well-formed
-    calls, and the fidelity of the rehearser (run as a shadow) against the real environment."""
+def evaluate(backend: HFBackend, benchmark, cfg: TrainConfig, bank: ExampleBank, run: Run, updates: int
+             ) -> dict[str, float]:
+    """Greedy episodes on the first `eval_limit` test tasks (`TrainConfig.evaluation`: the real environment,
+    the rehearser as a shadow, leakage-free grounding), stored in the run at step `updates` with phase
+    `eval`: official success, checklist, well-formed calls and the rehearser's fidelity against the real
+    environment (the ledger's own aggregate over the stored pairs)."""
     rollout = cfg.evaluation()
-    engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
-    episodes = engine.run_batch([(t, 0) for t in bench.load_tasks(cfg.category, "test", cfg.eval_limit)])
-    summary = engine.run_summary(episodes)
-    pairs = [p for ep in episodes for p in ep.pairs if p["rehearsed_response"] is not None]
+    engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"eval{updates}:")
+    episodes = engine.run_batch([(t, 0) for t in benchmark.load_tasks(rollout.category, "test", cfg.eval_limit)])
+    rows = [record.score(ep, rollout.mode, "eval") for ep in episodes]
+    for ep, row in zip(episodes, rows, strict=True):
+        rewards.share(ep.generations, row["checklist"])
+    shard = f"eval-{updates:05d}"
+    record.write_step(run, updates, episodes, rows, shard)
+    summary = record.summarise(episodes, rows).as_dict()
     out = {k: summary[k] for k in ("success_rate", "checklist", "well_formed_rate", "parse_error_rate")}
-    out["pairs"] = sum(len(ep.pairs) for ep in episodes)
-    out["rehearsal_error_rate"] = 1 - len(pairs) / out["pairs"] if out["pairs"] else 0.0
-    out.update({k: sum(p[k] or 0.0 for p in pairs) / out["pairs"] for k in _FIDELITY if out["pairs"]})
+    pairs_shard = run.path / "pairs" / f"{shard}.parquet"
+    overall = ledger.means(ledger.tool_sums(duckdb.connect(), f"read_parquet('{pairs_shard}')", run.run_id))
+    overall = overall[overall["tool"] == "all"]
+    out["pairs"] = int(overall["pairs"].iloc[0]) if len(overall) else 0
+    out["rehearsal_error_rate"] = float(overall["malformed"].iloc[0]) if len(overall) else 0.0
+    out.update({k: float(overall[k].iloc[0]) for k in _FIDELITY if len(overall)})
     return out
 
 
-def _evaluate_at(updates: int, backend: HFBackend, bench, cfg: TrainConfig, bank: ExampleBank, run: Run, model,
+def _evaluate_at(updates: int, backend: HFBackend, benchmark, cfg: TrainConfig, bank: ExampleBank, run: Run, model,
                  procs: Processes, say: Callable[[str], None]) -> None:
     if not procs.main:  # process 0 evaluates while the others wait
         procs.wait()
         return
     model.eval()
     backend.clear_caches()
-    scores = evaluate(backend, bench, cfg, bank)
+    scores = evaluate(backend, benchmark, cfg, bank, run, updates)
     run.write("metrics", f"eval-{updates:05d}", _metric_rows(run, updates, "eval", {"all": scores}))
     procs.wait()
     say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist {scores['checklist']:.3f}, "
@@ -134,7 +146,7 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
         if picked:
             rewards = torch.tensor([rows[i].reward for i in picked])
             adv = torch.tensor([advantages[i] for i in picked])
-            errors = sum(bool(t.get("parse_error")) for ep in episodes for t in ep.turns if t["role"] == role)
+            errors = sum(g.parse_error is not None for ep in episodes for g in ep.of_role(role))
             per_role[role.value] = {
                 "rows": len(picked), "reward_mean": rewards.mean().item(), "reward_std": _std(rewards),
                 "adv_mean": adv.mean().item(), "adv_std": _std(adv), "adv_abs_mean": adv.abs().mean().item(),
@@ -187,6 +199,46 @@ def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable
     return procs
 
 
+def _warm_up(cfg: TrainConfig, benchmark, train_tasks, bank, tok, model, run: Run, procs: Processes,
+             say: Callable[[str], None]) -> dict[str, float]:
+    rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], benchmark, tok, cfg.rollout.rehearser,
+                                      cfg.rollout.caller_demo, bank, cfg.rollout.tool_docs)
+            if r.role in cfg.trained_roles]
+    say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
+        f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {procs.world} processes" if procs.world > 1 else ""))
+    return _sft(cfg, model, rows, tok.pad_token_id, run, procs, say)
+
+
+def _grpo_step(step: int, cfg: TrainConfig, benchmark, tasks, backend: HFBackend, bank, model, generator,
+               optimizer, run: Run, procs: Processes, say: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """One role-wise GRPO update: play, score, share the reward, centre it per (task, role), update, record."""
+    generator.eval()
+    backend.clear_caches()  # cached keys and values belong to the weights before the last update
+    rollout = cfg.rollout_at(step, procs.rank)
+    engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"s{step}:")
+    engine.on_step = _heartbeat(say, f"GRPO step {step + 1} rollouts")
+    episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
+    scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]
+    for ep, row in zip(episodes, scored, strict=True):
+        rewards.share(ep.generations, row["checklist"])
+    generations, rows = training_rows(episodes, cfg.trained_roles)
+    advantages = role_advantages(rows, cfg.scale_by_std)
+    model.train()
+    stats = grpo_step(model, optimizer, rows, advantages, backend.tokenizer.pad_token_id, processes=procs)
+    procs.sync(model, generator)
+    for g, a in zip(generations, advantages, strict=True):  # stored exactly as the update used them
+        g.advantage, g.trained = a, not stats["skipped"]
+    per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
+    shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
+    if procs.main:
+        run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
+    record.write_step(run, step, episodes, scored, shard)
+    say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
+        f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
+        + (" (skipped: non-finite)" if stats["skipped"] else ""))
+    return per_role
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     launcher = launcher_fsdp(cfg.shard_optimizer)
     procs = _processes(cfg, launcher, say)
@@ -195,7 +247,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     if not procs.main:
         say = lambda _: None  # noqa: E731  (process 0 speaks for all)
     torch.manual_seed(cfg.seed)
-    bench = registry.get(cfg.env)
+    benchmark = registry.get(cfg.rollout.env)
     model, tok = load_policy(cfg.model, cfg.dtype)
     if cfg.gradient_checkpointing or (launcher and launcher["activation_checkpointing"]):
         model.activation_checkpointing_enable()
@@ -203,8 +255,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
     generator = procs.prepare(model)  # `model` itself unless FSDP shards it
-    pad = tok.pad_token_id
-    train_tasks = bench.load_tasks(cfg.category, "train")
+    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     bank = ExampleBank(train_tasks)
     summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
@@ -217,11 +268,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         start = state["next_step"]
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
-        rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], bench, tok, cfg.rehearser, cfg.caller_demo,
-                                          bank, cfg.tool_docs) if r.role in cfg.trained_roles]
-        say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
-            f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {procs.world} processes" if procs.world > 1 else ""))
-        summary.update(_sft(cfg, model, rows, pad, run, procs, say))
+        summary.update(_warm_up(cfg, benchmark, train_tasks, bank, tok, model, run, procs, say))
         if procs.main:
             run.update(summary=summary)
     if not saved:
@@ -230,36 +277,14 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
 
     backend = HFBackend(generator, tok)
     if cfg.eval_every and start == 0:
-        _evaluate_at(0, backend, bench, cfg, bank, run, generator, procs, say)
+        _evaluate_at(0, backend, benchmark, cfg, bank, run, generator, procs, say)
     started = time.perf_counter()
     for step in range(start, cfg.grpo_steps):
         tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step))
-        generator.eval()
-        backend.clear_caches()  # cached keys and values belong to the weights before the last update
-        rollout = replace(cfg.rollout(step), seed=cfg.seed * 7919 + step + 1_000_003 * procs.rank)
-        engine = RolloutEngine(backend, bench, rollout, backend.max_context, bank)
-        engine.on_step = _heartbeat(say, f"GRPO step {step + 1} rollouts")
-        episodes = engine.run_batch([(t, g) for t in tasks for g in range(cfg.group_size)])
-        scored = [engine.episode_row(ep) for ep in episodes]
-        rows = [r for ep, row in zip(episodes, scored, strict=True)
-                for r in episode_rows(ep, row["checklist"], cfg.trained_roles)]
-        model.train()
-        advantages = role_advantages(rows, cfg.scale_by_std)
-        stats = grpo_step(model, optimizer, rows, advantages, pad, processes=procs)
-        procs.sync(model, generator)
-        per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
-        shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
-        if procs.main:
-            run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
-        key = {"run_id": run.run_id, "batch": step}
-        run.write("episodes", shard, [{**key, **row} for row in scored])
-        run.write("turns", shard, [{**key, **t} for ep in episodes for t in ep.turns])
-        say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
-            f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
-            + (" (skipped: non-finite)" if stats["skipped"] else "")
-            + f"; {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
+        _grpo_step(step, cfg, benchmark, tasks, backend, bank, model, generator, optimizer, run, procs, say)
+        say(f"  {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
         if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
-            _evaluate_at(step + 1, backend, bench, cfg, bank, run, generator, procs, say)
+            _evaluate_at(step + 1, backend, benchmark, cfg, bank, run, generator, procs, say)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
             _save_state(run, model, optimizer, step + 1, procs)
     out = run.path / "checkpoint"

@@ -1,4 +1,4 @@
-"""`envace bench rollout`: the rollout engine's generated tokens/s against raw batched `model.generate`.
+"""`envace bench rollout|rehearsal|private`: the engine's tokens/s against raw batched `model.generate`.
 
 Both sides run in one process on the same model and the same prompts: the engine plays BFCL test
 episodes (one backend call per step), recording each step's batch of prompts; then every recorded
@@ -13,9 +13,9 @@ import time
 
 from envace.config import RolloutConfig
 from envace.envs import registry
+from envace.jobs import play
 from envace.policy.backend import SamplingParams
 from envace.policy.hf import HFBackend
-from envace.rehearsal.rollout import RolloutEngine
 
 
 def _raw_generate(backend: HFBackend, prompts: list[list[int]], max_new_tokens: int) -> int:
@@ -38,8 +38,8 @@ def _raw_generate(backend: HFBackend, prompts: list[list[int]], max_new_tokens: 
 
 def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 64, console=None) -> dict:
     say = console.print if console else print
-    bench = registry.get("bfcl")
-    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
+    benchmark = registry.get("bfcl")
+    tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
     backend = HFBackend.load(model)
     cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
                         max_steps_per_turn=3)
@@ -53,7 +53,7 @@ def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 
     backend.generate = recording  # type: ignore[method-assign]
     say(f"engine: {limit} BFCL test episodes, batch {limit}, {max_new_tokens} new tokens per message …")
     start = time.perf_counter()
-    summary = RolloutEngine(backend, bench, cfg, backend.max_context).run(tasks)
+    summary = play(cfg, None, backend, tasks=tasks)
     engine_s = time.perf_counter() - start
     say(f"raw model.generate: replaying the engine's {len(batches)} step batches …")
     start = time.perf_counter()
@@ -74,18 +74,22 @@ def _bfcl_setup(model: str, limit: int):
     """(benchmark, the first `limit` base test tasks, the train-task example bank, a loaded backend)."""
     from envace.rehearsal.examples import ExampleBank
 
-    bench = registry.get("bfcl")
-    tasks = bench.load_tasks("multi_turn_base", "test", limit=limit)
-    return bench, tasks, ExampleBank(bench.load_tasks("multi_turn_base", "train")), HFBackend.load(model)
+    benchmark = registry.get("bfcl")
+    tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
+    return benchmark, tasks, ExampleBank(benchmark.load_tasks("multi_turn_base", "train")), HFBackend.load(model)
 
 
 def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int = 64, console=None) -> dict:
     """`rehearse+shadow` against `real` on the same episodes and batch, then metric throughput."""
     from envace import fidelity
     from envace.embedding import cosine
+    from envace.rehearsal.build import build_engine
+    from envace.rehearsal.episode import Pending
+    from envace.rehearsal.rehearser import Rehearser
+    from envace.rehearsal.sampler import Sampler
 
     say = console.print if console else print
-    bench, tasks, bank, backend = _bfcl_setup(model, limit)
+    benchmark, tasks, bank, backend = _bfcl_setup(model, limit)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     for mode in ("real", "rehearse+shadow"):
         backend.clear_caches()  # the second mode must not inherit the first one's prefill
@@ -93,7 +97,7 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
                             max_steps_per_turn=2, caller_demo=True, embedding=True)
         say(f"{mode}: {limit} episodes …")
         start = time.perf_counter()
-        summary = RolloutEngine(backend, bench, cfg, backend.max_context, bank).run(tasks)
+        summary = play(cfg, None, backend, tasks=tasks)
         seconds = time.perf_counter() - start
         result[mode] = {"tokens": summary.generated_tokens, "s": round(seconds, 1),
                         "tok_per_s": round(summary.generated_tokens / seconds, 2), "pairs": summary.pairs,
@@ -101,22 +105,23 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     # Rehearsal itself, whatever the caller does: every reference call of the episodes' first turns,
     # rehearsed in one batch (the engine's per-step unit) and paired with its real response.
     cfg = RolloutConfig(model=model, mode="real+shadow", max_new_tokens=max_new_tokens)
-    engine = RolloutEngine(backend, bench, cfg, backend.max_context, bank)
+    engine = build_engine(backend, benchmark, cfg, bank)
+    rehearser = Rehearser(Sampler(backend, seed=cfg.seed), bank, cfg.rehearser)
     backend.clear_caches()
     items = []
     for task in tasks:
-        ep = engine._start(task, 0)
-        items += [(ep, i, ref.call) for i, ref in enumerate(task.reference[0])]
+        ep = engine.start(task, 0)
+        items += [Pending(ep, i, ref.call) for i, ref in enumerate(task.reference[0])]
     start = time.perf_counter()
-    rehearsals = engine._rehearse(items)
+    rehearsals = rehearser.rehearse(items)
     seconds = time.perf_counter() - start
-    episodes = {id(ep): ep for ep, _, _ in items}.values()
-    tokens = sum(len(row["completion_ids"]) for ep in episodes for row in ep.turns)  # rehearser rows only
+    episodes = {id(p.episode): p.episode for p in items}.values()
+    tokens = sum(len(g.gen.ids) for ep in episodes for g in ep.generations)  # rehearser rows only
     result["rehearse_reference_calls"] = {
         "calls": len(items), "s": round(seconds, 1), "tok_per_s": round(tokens / seconds, 2),
         "pairs_per_s": round(len(items) / seconds, 3),
         "malformed": sum(r.parsed.error is not None for r in rehearsals)}
-    real = [ref.result.content for t in bench.load_tasks("multi_turn_base", "all") for turn in t.reference
+    real = [ref.result.content for t in benchmark.load_tasks("multi_turn_base", "all") for turn in t.reference
             for ref in turn]
     rehearsed = [r.replace("1", "2") for r in real]  # near misses: same structure, some values changed
     start = time.perf_counter()
@@ -137,7 +142,7 @@ class _OnePromptPerCall:
 
     def __init__(self, backend: HFBackend) -> None:
         self.inner = backend
-        self.tokenizer = backend.tokenizer
+        self.tokenizer, self.max_context = backend.tokenizer, backend.max_context
 
     def generate(self, prompts: list[list[int]], params: SamplingParams):
         return [g for p in prompts for g in self.inner.generate([p], params)]
@@ -150,7 +155,7 @@ def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 
     from envace.config import PrivateOptions, RehearserOptions
 
     say = console.print if console else print
-    bench, tasks, bank, backend = _bfcl_setup(model, limit)
+    benchmark, tasks, bank, backend = _bfcl_setup(model, limit)
     result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
     plan = [(f"N={n}", n, limit, False) for n in (0, *budgets)] + [(f"N={max(budgets)} unbatched", max(budgets), 1,
                                                                      True)]
@@ -163,10 +168,8 @@ def bench_private(model: str = "default", limit: int = 2, max_new_tokens: int = 
                             private=PrivateOptions(mode="parallel" if n else "none", budget=n, max_steps=2,
                                                    memory_tokens=max_new_tokens))
         say(f"{name}: {limit} episodes, batch {batch} …")
-        engine = RolloutEngine(_OnePromptPerCall(backend) if one_per_call else backend, bench, cfg,
-                               backend.max_context, bank)
         start = time.perf_counter()
-        summary = engine.run(tasks)
+        summary = play(cfg, None, _OnePromptPerCall(backend) if one_per_call else backend, tasks=tasks)
         seconds = time.perf_counter() - start
         turns = max(summary.turns, 1)
         result[name] = {"s": round(seconds, 1), "turns": summary.turns, "s_per_turn": round(seconds / turns, 2),

@@ -101,10 +101,10 @@ def _timed(step: Callable[[], Any]) -> tuple[float, float]:
 
 def bench_train(model: str = "default", tasks: int = 1, console=None) -> dict[str, float]:
     say = console.print if console else print
-    bench = registry.get("bfcl")
-    train_tasks = bench.load_tasks("multi_turn_base", "train")
+    benchmark = registry.get("bfcl")
+    train_tasks = benchmark.load_tasks("multi_turn_base", "train")
     base, tok = load_policy(model)
-    rows = reference_rows(train_tasks[:tasks], bench, tok, RehearserOptions(fewshot="other_tasks", max_examples=4),
+    rows = reference_rows(train_tasks[:tasks], benchmark, tok, RehearserOptions(fewshot="other_tasks", max_examples=4),
                           True, ExampleBank(train_tasks), "compact")
     # Rewards differ per trajectory in RL; alternate them so advantages are not all zero.
     rows = [Row(r.task_uid, r.role, r.prompt_ids, r.completion_ids, float(i % 2)) for i, r in enumerate(rows)]

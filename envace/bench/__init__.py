@@ -1,0 +1,9 @@
+"""Performance benchmarks (`envace bench …`), each measured side by side in one process; see docs/benchmarks.md.
+
+The store's benchmark times the workbench's own queries, so it lives with them (`workbench/bench.py`).
+"""
+
+from envace.bench.rollout import bench_private, bench_rehearsal, bench_rollout
+from envace.bench.train import bench_train
+
+__all__ = ["bench_private", "bench_rehearsal", "bench_rollout", "bench_train"]

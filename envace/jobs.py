@@ -1,0 +1,202 @@
+"""Jobs as library functions: rollout, eval, sweep and train.
+
+The CLI, the notebooks and `workbench.launch` (through the CLI) run these same functions. Each takes a
+validated config, writes one run to the store (a sweep: one eval run per cell plus its table run) and
+returns it with its summary. Progress goes to a `Reporter`: one line at a time by default; the CLI
+draws a live bar. Bad input raises `UsageError` before any run folder exists; an interrupted job keeps
+every step it stored and leaves its run marked `interrupted`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from envace import record, rewards
+from envace.config import RolloutConfig, TrainConfig
+from envace.envs import registry
+from envace.errors import UsageError
+from envace.store import Run, check_run_id, get_run
+
+
+class Reporter:
+    """Where a job reports progress. Override any method; the default prints plain lines."""
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def begin(self, total: int) -> None:
+        """`total` episodes are about to be played."""
+
+    def step(self, waiting: int, tokens: int) -> None:
+        """One engine step generated for `waiting` episodes; `tokens` generated so far."""
+
+    def episode(self, row: dict[str, Any]) -> None:
+        self.say(f"  {row['episode_id']}: {'success' if row['success'] else 'fail'} ({row['termination']}, "
+                 f"{row['n_turns']}/{row['n_ref_turns']} turns, {row['n_calls']} calls)")
+
+    def end(self) -> None:
+        """The episodes are played."""
+
+
+def _examples(cfg: RolloutConfig, benchmark):
+    """Train-split material when the rehearser's grounding or the caller's demonstration needs it."""
+    from envace.rehearsal.examples import ExampleBank
+
+    if cfg.caller_demo or cfg.rehearser.fewshot == "other_tasks":
+        return ExampleBank(benchmark.load_tasks(cfg.category, "train"))
+    return ExampleBank()
+
+
+def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None = None, tasks=None,
+         user_backend=None, phase: str = "rollout") -> record.Summary:
+    """Play every task of `cfg` `group_size` times, one batch at a time, writing each batch as a step of `run`."""
+    import time
+
+    from envace.rehearsal.build import build_engine
+
+    reporter = reporter or Reporter()
+    benchmark = registry.get(cfg.env)
+    tasks = tasks if tasks is not None else benchmark.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
+    engine = build_engine(backend, benchmark, cfg, _examples(cfg, benchmark), user_backend)
+    engine.on_step = reporter.step
+    summary, started = record.Summary(), time.perf_counter()
+    reporter.begin(len(tasks) * cfg.group_size)
+    for step, batch in enumerate(engine.batches(tasks)):
+        episodes = engine.run_batch(batch)
+        rows = [record.score(ep, cfg.mode, phase) for ep in episodes]
+        for ep, row in zip(episodes, rows, strict=True):
+            rewards.share(ep.generations, row["checklist"])
+        if run is not None:
+            record.write_step(run, step, episodes, rows, f"batch-{step:05d}")
+        for ep, row in zip(episodes, rows, strict=True):
+            summary.add(row, len(ep.pairs))
+            reporter.episode(row)
+    reporter.end()
+    summary.generation_s = engine.sampler.generation_s
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None, kind: str = "rollout",
+                reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
+    """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary)."""
+    from envace.policy import load_backend
+
+    reporter = reporter or Reporter()
+    benchmark = registry.get(cfg.env)
+    tasks = benchmark.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
+    if not tasks:
+        raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
+    private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
+    reporter.say(f"{kind} {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × {cfg.group_size}, "
+                 f"mode {cfg.mode}{private}, model {cfg.model}")
+    if backend is None:
+        reporter.say("loading model …")
+        backend = load_backend(cfg.model, cfg.max_batch_tokens)
+    user_backend = None
+    if cfg.user_model and any(t.simulated_user for t in tasks):
+        reporter.say(f"loading the simulated user's model {cfg.user_model} …")
+        user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens)
+    run = Run.create(root, kind, asdict(cfg), cfg.model, name)
+    with run.running():
+        summary = play(cfg, run, backend, reporter, tasks, user_backend).as_dict()
+    run.update(status="completed", summary=summary)
+    return run, summary
+
+
+def eval_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None,
+             reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
+    """A rollout of `model` stored as an `eval` run (the test split unless `cfg` says otherwise)."""
+    return rollout_job(replace(cfg, model=model), root, name, "eval", reporter, backend)
+
+
+def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list[int], base: RolloutConfig,
+              root: str | Path = "runs", reporter: Reporter | None = None) -> tuple[Run, list[dict[str, Any]]]:
+    """Private-rehearsal budgets × modes × models: one eval run per cell, one table (`rehearsal/sweep.py`).
+
+    A re-run keeps every cell whose run completed and redoes the others from scratch.
+    """
+    from envace.policy import load_backend
+    from envace.rehearsal import sweep
+
+    reporter = reporter or Reporter()
+    root, name = Path(root), check_run_id(name)
+    grid = sweep.cells(models, modes, budgets)
+    # every cell's config is checked before the first one runs
+    configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget)) for c in grid]
+    grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
+    if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
+        table_run = Run(root, name)
+        table_run.update(status="running", config=grid_config)
+    else:
+        table_run = Run.create(root, "sweep", grid_config, "", name)
+    rows: list[dict[str, Any]] = []
+    backends: dict[str, Any] = {}
+    with table_run.running():
+        for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
+            run_name = cell.run_name(name)
+            if (root / run_name / "run.json").exists():
+                meta = get_run(root, run_name)
+                if meta.get("status") == "completed":
+                    reporter.say(f"cell {n}/{len(grid)} {run_name}: done already, kept")
+                    rows.append(sweep.cell_row(name, cell, run_name, meta.get("summary") or {}))
+                    continue
+                shutil.rmtree(root / run_name)  # an unfinished cell is redone from scratch
+            reporter.say(f"cell {n}/{len(grid)} {run_name}")
+            if cell.model not in backends:
+                backends.clear()  # one model in memory at a time
+                backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens)
+            if hasattr(backends[cell.model], "clear_caches"):
+                backends[cell.model].clear_caches()
+            _, summary = eval_job(cell.model, cfg, root, run_name, reporter, backends[cell.model])
+            rows.append(sweep.cell_row(name, cell, run_name, summary))
+            sweep.write_table(table_run, rows)
+        sweep.write_table(table_run, rows)
+    table_run.update(status="completed", summary={"cells": len(rows)})
+    return table_run, rows
+
+
+def _resume_run(root: Path, name: str, cfg: TrainConfig) -> Run:
+    meta = get_run(root, name)
+    stored = {k: v for k, v in meta.get("config", {}).items() if k != "grpo_steps"}
+    if meta.get("kind") != "train" or stored != {k: v for k, v in asdict(cfg).items() if k != "grpo_steps"}:
+        raise UsageError(f"run '{name}' was not trained with this config (only grpo_steps may grow)")
+    run = Run(root, name)
+    run.update(status="running", pid=os.getpid(), config=asdict(cfg))
+    return run
+
+
+def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = None, resume: str | None = None,
+              reporter: Reporter | None = None) -> tuple[Run, dict[str, Any]]:
+    """SFT then role-wise GRPO (`training/train.py`) into a new run, or `resume` a stored one exactly.
+
+    Under `accelerate launch` / `torchrun` every process calls this with the same `name`: process 0
+    creates (or reopens) the run, the others join it.
+    """
+    from envace.training.distributed import launch_position, wait_for
+    from envace.training.fsdp import launcher_fsdp
+    from envace.training.train import train
+
+    reporter = reporter or Reporter()
+    root = Path(root)
+    launcher_fsdp(cfg.shard_optimizer)  # refuse an FSDP launch this trainer cannot honour before a run exists
+    rank, world = launch_position()
+    if world > 1 and not (name or resume):
+        raise UsageError("training with several processes needs --run-name (every process writes to that run)")
+    if rank > 0:
+        wait_for(root / (resume or name) / "run.json")
+        run = Run(root, resume or name)
+    elif resume:
+        run = _resume_run(root, resume, cfg)
+    else:
+        run = Run.create(root, "train", asdict(cfg), cfg.model, name)
+    reporter.say(f"train → {run.path}" + (f" (process {rank} of {world})" if world > 1 else ""))
+    with run.running():
+        summary = train(cfg, run, reporter.say, resume=bool(resume))
+    if rank == 0:
+        run.update(status="completed", summary=summary)
+    return run, summary

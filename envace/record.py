@@ -1,0 +1,121 @@
+"""The one recording path: finished episodes → rows of `episodes`, `generations`, `calls`, `pairs`,
+`memories` and `imagined`, one shard per table and step. Rollouts, evaluations, sweeps and training all
+write through `write_step`, so every job's store holds the same tables, and each generation row keeps
+what the trainer used (reward, advantage, trained) instead of leaving it to be re-derived.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace import rewards
+from envace.rehearsal.episode import Episode, Generated
+from envace.store import Run
+from envace.types import Role
+
+
+def score(ep: Episode, mode: str, phase: str = "rollout") -> dict[str, Any]:
+    """The `episodes` row of a finished episode: the benchmark's verdict, the checklist and the counters."""
+    result = ep.env.score(ep.task, ep.steps, texts=ep.texts, termination=ep.termination or "completed")
+    # a simulated conversation has no scripted turns to align: its reference is one turn
+    issued = [[c for turn in ep.issued for c in turn]] if ep.task.simulated_user else ep.issued
+    checklist, detail = rewards.checklist(ep.task, issued)  # one entry per turn reached
+    callers, rehearsals = ep.of_role(Role.CALLER), ep.of_role(Role.REHEARSER)
+    return {
+        "episode_id": ep.episode_id, "task_uid": ep.task.uid, "env": ep.task.env,
+        "category": ep.task.category, "split": ep.task.split, "group_index": ep.group_index,
+        "mode": mode, "phase": phase, "start_turn": ep.start_turn,
+        "success": result.success, "score_detail": result.detail,
+        "checklist": checklist, "checklist_detail": json.dumps(detail),
+        "termination": ep.termination, "n_turns": min(ep.turn, len(ep.task.user_turns)),
+        "n_ref_turns": len(ep.task.user_turns), "n_steps": len(callers), "n_calls": len(ep.calls),
+        "n_parse_errors": sum(g.parse_error is not None for g in callers),
+        "n_tool_errors": sum(c["is_error"] for c in ep.calls),
+        "n_well_formed": sum(bool(g.n_calls) and g.parse_error is None for g in callers),
+        "n_rehearsals": len(rehearsals), "n_rehearsal_errors": sum(g.parse_error is not None for g in rehearsals),
+        "env_executions": ep.env.executions, "prompt_tokens": ep.prompt_tokens,
+        "generated_tokens": sum(len(g.gen.ids) for g in ep.generations),
+        "private_tokens": sum(m["caller_tokens"] + m["rehearser_tokens"] + m["summariser_tokens"]
+                              for m in ep.memories),
+        "imagined_steps": sum(m["imagined_steps"] for m in ep.memories),
+        "context_ids": ep.ids, "wall_s": time.perf_counter() - ep.started,
+    }
+
+
+def generation_row(ep: Episode, g: Generated) -> dict[str, Any]:
+    return {"episode_id": ep.episode_id, "turn": g.turn, "turn_step": g.turn_step, "role": g.role,
+            "call_index": g.call_index, "user_message": g.user_message, "prompt_len": g.prompt_len,
+            "prompt_ids": g.prompt_ids, "completion_ids": g.gen.ids, "completion_text": g.gen.text,
+            "finish": g.gen.finish, "n_calls": g.n_calls, "parse_error": g.parse_error, "parse_detail": g.parse_detail,
+            "logprobs": g.gen.logprobs, "reward": g.reward, "advantage": g.advantage, "trained": g.trained}
+
+
+def write_step(run: Run, step: int, episodes: list[Episode], rows: list[dict[str, Any]], shard: str) -> None:
+    """Every table of one step's finished episodes as one shard each (written whole, then renamed)."""
+    key = {"run_id": run.run_id, "step": step}
+    run.write("episodes", shard, [{**key, **row} for row in rows])
+    run.write("generations", shard, [{**key, **generation_row(ep, g)} for ep in episodes for g in ep.generations])
+    for table in ("calls", "pairs", "memories", "imagined"):
+        records = [{**key, **r} for ep in episodes for r in getattr(ep, table)]
+        if records or table in ("calls", "pairs"):
+            run.write(table, shard, records)
+
+
+@dataclass
+class Summary:
+    """Counters over a whole job, for the closing table and `run.json`."""
+
+    episodes: int = 0
+    successes: int = 0
+    checklist: float = 0.0
+    turns: int = 0
+    caller_messages: int = 0
+    calls: int = 0
+    parse_errors: int = 0
+    well_formed: int = 0
+    pairs: int = 0
+    generated_tokens: int = 0
+    private_tokens: int = 0
+    generation_s: float = 0.0
+    wall_s: float = 0.0
+    terminations: dict[str, int] = field(default_factory=dict)
+
+    def add(self, row: dict[str, Any], pairs: int) -> None:
+        self.episodes += 1
+        self.successes += bool(row["success"])
+        self.checklist += row["checklist"]
+        self.turns += row["n_turns"]
+        self.caller_messages += row["n_steps"]
+        self.calls += row["n_calls"]
+        self.parse_errors += row["n_parse_errors"]
+        self.well_formed += row["n_well_formed"]
+        self.pairs += pairs
+        self.generated_tokens += row["generated_tokens"]
+        self.private_tokens += row["private_tokens"]
+        self.terminations[row["termination"]] = self.terminations.get(row["termination"], 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        def per(a: float, b: float) -> float:
+            return round(a / b, 4) if b else 0.0
+
+        return {
+            "episodes": self.episodes, "success_rate": per(self.successes, self.episodes),
+            "checklist": per(self.checklist, self.episodes),
+            "calls_per_turn": per(self.calls, self.turns),
+            "parse_error_rate": per(self.parse_errors, self.caller_messages),
+            "well_formed_rate": per(self.well_formed, self.caller_messages),
+            "caller_messages": self.caller_messages, "calls": self.calls, "pairs": self.pairs,
+            "generated_tokens": self.generated_tokens, "private_tokens": self.private_tokens,
+            "tokens_per_s": per(self.generated_tokens, self.generation_s), "wall_s": round(self.wall_s, 2),
+            "terminations": self.terminations,
+        }
+
+
+def summarise(episodes: list[Episode], rows: list[dict[str, Any]], generation_s: float = 0.0) -> Summary:
+    summary = Summary(generation_s=generation_s)
+    for ep, row in zip(episodes, rows, strict=True):
+        summary.add(row, len(ep.pairs))
+    return summary

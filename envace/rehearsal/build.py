@@ -1,0 +1,66 @@
+"""Assembling a rollout engine from a config: the one place where a mode becomes a world.
+
+| mode              | world                                                                  |
+|-------------------|------------------------------------------------------------------------|
+| `real`            | `RealWorld`                                                            |
+| `rehearse`        | `RehearsedWorld`, or `DynaMix(RealWorld, RehearsedWorld, real_fraction)`; |
+|                   | wrapped in `Shadow(…, RealWorld, shadow_fraction)` when that is > 0   |
+| `rehearse+shadow` | `Shadow(RehearsedWorld, RealWorld)`                                    |
+| `real+shadow`     | `Shadow(RealWorld, RehearsedWorld)`                                    |
+
+Decision forks (`decision_sample`) and embedding cosines (`embedding`) belong to the shadow.
+"""
+
+from __future__ import annotations
+
+import random
+
+from envace.config import RolloutConfig
+from envace.envs.registry import Benchmark
+from envace.policy.backend import Backend
+from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.private import PrivateRehearsal
+from envace.rehearsal.prompts import ChatRenderer
+from envace.rehearsal.rehearser import Rehearser
+from envace.rehearsal.rollout import RolloutEngine
+from envace.rehearsal.sampler import Sampler
+from envace.rehearsal.user import UserSimulator
+from envace.rehearsal.worlds import DynaMix, Forks, RealWorld, RehearsedWorld, Shadow, World
+
+
+def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, rehearser: Rehearser) -> World:
+    """The world of `config.mode` (see the table above); its random draws derive from `config.seed`."""
+    rng = random.Random(config.seed)
+    forks = Forks(sampler, renderer, config.decision_sample, config.max_new_tokens, rng) \
+        if config.decision_sample > 0 else None
+
+    def shadow(fed: World, beside: World, share: float = 1.0) -> Shadow:
+        return Shadow(fed, beside, share, rng, forks, config.embedding)
+
+    real, rehearsed = RealWorld(), RehearsedWorld(rehearser)
+    if config.mode == "real":
+        return real
+    if config.mode == "real+shadow":
+        return shadow(real, rehearsed)
+    if config.mode == "rehearse+shadow":
+        return shadow(rehearsed, real)
+    world: World = DynaMix(real, rehearsed, config.real_fraction, rng) if config.real_fraction > 0 else rehearsed
+    return shadow(world, real, config.shadow_fraction) if config.shadow_fraction > 0 else world
+
+
+def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, examples: ExampleBank | None = None,
+                 user_backend: Backend | None = None, max_context: int | None = None,
+                 id_prefix: str = "") -> RolloutEngine:
+    """A rollout engine for `config` on `backend`: its world, rehearser, simulated user and private rehearsal.
+
+    `examples` (train tasks) ground the rehearser and the caller's demonstration; `user_backend` plays
+    simulated users (the policy itself when None); `max_context` defaults to the backend's.
+    """
+    sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
+    renderer = ChatRenderer(backend.tokenizer, config.tool_docs)
+    examples = examples or ExampleBank()
+    rehearser = Rehearser(sampler, examples, config.rehearser, frozen=config.frozen_rehearser)
+    users = UserSimulator(sampler, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
+    private = PrivateRehearsal(config.private) if config.private.active else None
+    return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
+                         examples, users, private, max_context or getattr(backend, "max_context", None), id_prefix)

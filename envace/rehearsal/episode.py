@@ -1,0 +1,94 @@
+"""One attempt at a task while it is played: its caller context, and everything it will record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envace.envs.base import Environment
+from envace.policy.backend import Generation
+from envace.types import Task, ToolCall
+
+
+@dataclass
+class Generated:
+    """One model output of one role: a row of `generations`, and the unit of training.
+
+    A caller's prompt is the episode's context up to `prompt_len` (token ids exactly as generated);
+    a rehearser's or a simulated user's prompt is its own (`prompt_ids`). `reward`, `advantage` and
+    `trained` are filled in by whoever scores or trains on the row, and stored as they were used.
+    """
+
+    role: str
+    turn: int
+    turn_step: int
+    gen: Generation
+    prompt_len: int
+    prompt_ids: list[int] | None = None
+    call_index: int | None = None
+    user_message: str | None = None
+    n_calls: int | None = None
+    parse_error: str | None = None
+    parse_detail: str | None = None
+    reward: float | None = None
+    advantage: float | None = None
+    trained: bool = False
+
+    def prompt(self, context: list[int]) -> list[int]:
+        return self.prompt_ids if self.prompt_ids is not None else context[: self.prompt_len]
+
+
+@dataclass
+class Episode:
+    """One attempt at a task, with its growing caller context and what it will store.
+
+    `env` is the episode's own environment; an imagined attempt (private rehearsal) has none, only the
+    real episode's `tools`, so nothing in it can execute a real call.
+    """
+
+    episode_id: str
+    task: Task
+    group_index: int
+    env: Environment | None
+    tools: dict[str, dict[str, Any]]
+    ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    start_turn: int = 0  # turns before it were replayed from the gold reference (turn-level episodes)
+    turn: int = 0
+    turn_step: int = 0
+    steps: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])  # dispatched calls, for the checker
+    issued: list[list[ToolCall]] = field(default_factory=lambda: [[]])  # every call per turn, for the checklist
+    history: list[tuple[str, str]] = field(default_factory=list)  # the conversation as the rehearser reads it
+    latest: str = ""
+    texts: list[str] = field(default_factory=list)  # the caller's plain answers, for checkers that read them
+    awaiting_user: bool = False  # a simulated user writes the next user turn before the caller goes on
+    user_view: list[dict[str, Any]] = field(default_factory=list)  # the conversation as the simulated user sees it
+    generations: list[Generated] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    pairs: list[dict[str, Any]] = field(default_factory=list)
+    termination: str | None = None
+    started: float = field(default_factory=time.perf_counter)
+    demo: list[dict[str, Any]] | None = None  # the caller's worked example, re-rendered with a memory
+    open_turn: bool = False  # the current user turn awaits its private-rehearsal memory before rendering
+    memories: list[dict[str, Any]] = field(default_factory=list)  # one per privately rehearsed turn
+    imagined: list[dict[str, Any]] = field(default_factory=list)  # one per imagined attempt
+    shadowed: bool | None = None  # drawn once by a partial shadow: does the real world answer beside?
+
+    def record(self, role: str, gen: Generation, prompt_len: int, **fields: Any) -> Generated:
+        """Keep one generation of `role` at the episode's current turn and step."""
+        row = Generated(role, self.turn, self.turn_step, gen, prompt_len, **fields)
+        self.generations.append(row)
+        return row
+
+    def of_role(self, role: str) -> list[Generated]:
+        return [g for g in self.generations if g.role == role]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A call waiting for its answer: the episode, its position among the message's calls, the call."""
+
+    episode: Episode
+    index: int
+    call: ToolCall

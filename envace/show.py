@@ -1,0 +1,120 @@
+"""`envace show RUN`: the tables that describe one stored run, whatever its kind.
+
+rollout / eval: episodes per category and phase, the most called tools; train: the SFT warm-up, every
+GRPO step per role, the evaluations, and the stored episodes per phase; sweep: its cells. Each table
+reads the store only, so a run that is still writing shows what it has so far.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from envace.store import StoreIndex
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec) if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
+
+
+def warnings(index: StoreIndex, run_id: str) -> list[str]:
+    """The store's warnings that concern this run (a skipped shard of it, its unreadable metadata)."""
+    return [w for w in index.warnings if f"/{run_id}/" in w or f"run {run_id}:" in w]
+
+
+def _episodes(con, run_id: str) -> Table | None:
+    rows = con.execute(
+        "SELECT category, phase, count(*), avg(success::INT), avg(checklist), sum(n_calls), sum(n_parse_errors), "
+        "sum(n_rehearsal_errors) FROM episodes WHERE run_id = ? GROUP BY ALL ORDER BY phase, category",
+        [run_id]).fetchall()
+    if not rows:
+        return None
+    table = Table("category", "phase", "episodes", "success", "checklist", "calls", "parse errors",
+                  "rehearsal errors", title="stored episodes")
+    for category, phase, n, success, checklist, calls, errors, rehearsal in rows:
+        table.add_row(str(category), str(phase), str(n), f"{success:.1%}", _fmt(checklist), str(calls), str(errors),
+                      str(rehearsal))
+    return table
+
+
+def _tools(con, run_id: str) -> Table | None:
+    rows = con.execute("SELECT name, count(*) AS n, avg(is_error::INT) FROM calls WHERE run_id = ? GROUP BY name "
+                       "ORDER BY n DESC, name LIMIT 10", [run_id]).fetchall()
+    if not rows:
+        return None
+    table = Table("tool", "calls", "error rate", title="most called tools")
+    for name, n, err in rows:
+        table.add_row(name, str(n), f"{err:.1%}")
+    return table
+
+
+_STEP_METRICS = (("caller", "reward_mean"), ("rehearser", "reward_mean"), ("caller", "signal_groups"),
+                 ("rehearser", "signal_groups"), ("all", "checklist_mean"), ("all", "loss"), ("all", "grad_norm"))
+
+
+def _grpo(con, run_id: str) -> Table | None:
+    rows = con.execute("SELECT step, role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' "
+                       "ORDER BY step", [run_id]).fetchall()
+    if not rows:
+        return None
+    by_step: dict[int, dict[tuple[str, str], float]] = {}
+    for step, role, name, value in rows:
+        by_step.setdefault(step, {})[(role, name)] = value
+    shown = [m for m in _STEP_METRICS if any(m in values for values in by_step.values())]
+    table = Table("step", *(f"{role} {name}" if role != "all" else name for role, name in shown),
+                  title="GRPO steps")
+    for step, values in sorted(by_step.items()):
+        table.add_row(str(step + 1), *(_fmt(values.get(m)) for m in shown))
+    return table
+
+
+def _evals(con, run_id: str) -> Table | None:
+    rows = con.execute("SELECT step, name, value FROM metrics WHERE run_id = ? AND phase = 'eval' ORDER BY step",
+                       [run_id]).fetchall()
+    if not rows:
+        return None
+    names = ("success_rate", "checklist", "well_formed_rate", "pairs", "exact", "structure_f1")
+    by_step: dict[int, dict[str, float]] = {}
+    for step, name, value in rows:
+        by_step.setdefault(step, {})[name] = value
+    table = Table("after update", *names, title="evaluations (test split, real environment, greedy)")
+    for step, values in sorted(by_step.items()):
+        table.add_row(str(step), *(_fmt(values.get(n)) for n in names))
+    return table
+
+
+def _summary(meta: dict[str, Any]) -> Table | None:
+    summary = meta.get("summary") or {}
+    if not isinstance(summary, dict) or not summary:
+        return None
+    table = Table(title="summary", show_header=False)
+    for key, value in summary.items():
+        table.add_row(str(key), _fmt(value, ".4g"))
+    return table
+
+
+def _sweep(con, run_id: str) -> Table | None:
+    rows = con.execute("SELECT label, mode, budget, episodes, success_rate, checklist, private_tokens_per_episode, "
+                       "cell_run FROM sweep WHERE run_id = ? ORDER BY label, mode, budget", [run_id]).fetchall()
+    if not rows:
+        return None
+    table = Table("model", "mode", "N", "episodes", "success", "checklist", "private tokens / episode", "cell run",
+                  title="sweep cells")
+    for label, mode, budget, episodes, success, checklist, tokens, cell in rows:
+        table.add_row(label, mode, str(budget), str(episodes), _fmt(success, ".1%"), _fmt(checklist),
+                      _fmt(tokens, ".0f"), cell)
+    return table
+
+
+def tables(con, meta: dict[str, Any]) -> list[Table]:
+    run_id, kind = meta["run_id"], meta.get("kind")
+    if kind == "train":
+        parts = [_summary(meta), _grpo(con, run_id), _evals(con, run_id), _episodes(con, run_id)]
+    elif kind == "sweep":
+        parts = [_sweep(con, run_id)]
+    else:
+        parts = [_episodes(con, run_id), _tools(con, run_id)]
+    return [t for t in parts if t is not None]

@@ -1,0 +1,70 @@
+"""Configs are checked when they are built, wherever that happens, with one line naming the field."""
+
+import pytest
+
+from envace.config import RehearserOptions, RolloutConfig, TrainConfig
+from envace.errors import UsageError
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "bogus"}, "mode: unknown choice 'bogus' (choose from real, rehearse, rehearse+shadow, real+shadow)"),
+    ({"limit": "two"}, "limit: expected an integer, got 'two'"),
+    ({"temperature": float("nan")}, "temperature: expected a finite number, got nan"),
+    ({"temperature": float("inf")}, "temperature: expected a finite number"),
+    ({"temperature": True}, "temperature: expected a number, got True"),
+    ({"top_p": 0.0}, "top_p: must be in (0, 1]"),
+    ({"group_size": 0}, "group_size: must be at least 1, got 0"),
+    ({"category": "simple"}, "category: unknown bfcl category 'simple'"),
+    ({"env": "nope"}, "env: unknown env 'nope'"),
+    ({"rehearser": {"fewshot": "all"}}, "fewshot: unknown choice 'all'"),
+    ({"private": {"budget": -1}}, "budget: must be at least 0"),
+])
+def test_a_notebook_built_config_is_checked_too(kwargs, message):
+    with pytest.raises(UsageError) as err:
+        RolloutConfig(model="tiny", **kwargs)
+    assert message in str(err.value)
+
+
+def test_the_leakage_rule_refuses_a_rehearser_shown_test_tasks_own_results():
+    reference = RehearserOptions(fewshot="reference")
+    for mode in ("rehearse", "rehearse+shadow", "real+shadow"):
+        with pytest.raises(UsageError, match="leakage"):
+            RolloutConfig(model="tiny", mode=mode, split="test", rehearser=reference)
+    RolloutConfig(model="tiny", mode="rehearse", split="train", rehearser=reference)  # train tasks may
+    RolloutConfig(model="tiny", mode="real", split="test", rehearser=reference)  # no rehearser runs
+    train = TrainConfig(model="tiny", rollout={"rehearser": {"fewshot": "reference"}})
+    assert train.rollout.rehearser.fewshot == "reference"
+    assert train.evaluation().rehearser.fewshot == "other_tasks"  # its evaluation on test tasks never does
+
+
+def test_nested_tables_layer_over_their_defaults_and_name_the_path():
+    cfg = TrainConfig.from_dict({"model": "tiny", "rollout": {"temperature": 0.5, "rehearser": {"max_examples": 2}}})
+    assert cfg.rollout.temperature == 0.5 and cfg.rollout.group_size == 4  # the training default stays
+    assert cfg.rollout.rehearser.max_examples == 2 and cfg.rollout.model == "tiny"
+    with pytest.raises(UsageError, match=r"^f.toml \[train\]: rollout.rehearser.max_new_tokens: must be at least 1"):
+        TrainConfig.from_dict({"model": "tiny", "rollout": {"rehearser": {"max_new_tokens": 0}}}, "f.toml [train]")
+    with pytest.raises(UsageError, match="rollout.mode: set by the trainer"):
+        TrainConfig.from_dict({"model": "tiny", "rollout": {"mode": "real"}})
+    with pytest.raises(UsageError, match=r"rollout: unknown key\(s\) nope"):
+        TrainConfig.from_dict({"model": "tiny", "rollout": {"nope": 1}})
+    with pytest.raises(UsageError, match="lr: expected a number, got 'abc'"):
+        TrainConfig(model="tiny", lr="abc")
+    with pytest.raises(UsageError, match="lr: must be > 0"):
+        TrainConfig(model="tiny", lr=0.0)
+
+
+def test_help_shows_each_options_default_and_choices(capsys):
+    from envace.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["rollout", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "{real, rehearse, rehearse+shadow, real+shadow} (default: real)" in text
+    assert "(default: 256)" in text and "--private" in text
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = capsys.readouterr().out
+    assert "--model " not in text and "--budget " not in text  # the sweep sets them per cell
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "--model " not in capsys.readouterr().out

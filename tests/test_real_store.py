@@ -1,0 +1,61 @@
+"""Every view on a store written by the real default model: what users open, not what scripts write.
+
+The scripted stores (`store` fixture) make precise assertions; this one only asks that nothing breaks on
+real output (malformed rehearsals, episodes without a single call, long prompts, a simulated user).
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUNS = ("demo", "train", "sw", "sw-base-none-0", "sw-base-parallel-1", "tau2")
+
+
+def test_the_store_has_every_kind_of_run(real_store):
+    from workbench import Workbench
+
+    wb = Workbench(real_store)
+    assert set(RUNS) <= set(wb.runs()["run_id"]) and wb.warnings == []
+    assert set(wb.runs().set_index("run_id").loc[list(RUNS), "kind"]) == {"rollout", "train", "sweep", "eval"}
+    phases = set(wb.sql("SELECT DISTINCT phase FROM episodes WHERE run_id = 'train'")["phase"])
+    assert phases == {"grpo", "eval"}
+
+
+def test_every_episode_of_every_run_renders(real_store):
+    from apps.render import episode_html, tokens_html
+    from workbench import Workbench
+
+    wb = Workbench(real_store)
+    opened = 0
+    for run in wb.runs()["run_id"]:
+        for episode in wb.episodes(run)["episode_id"]:
+            steps, calls = wb.steps(run, episode), wb.calls(run, episode)
+            html = episode_html(steps, calls) + tokens_html(steps)
+            assert "nan" not in html.replace("nano", "")  # a missing value is never shown as NaN
+            opened += 1
+    assert opened >= 8
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_show_and_fidelity_work_on_every_kind_of_run(real_store, run):
+    for command in ("show", "fidelity"):
+        done = subprocess.run([sys.executable, "-m", "envace.cli", command, run, "--root", str(real_store)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert run in done.stdout
+
+
+def test_every_dashboard_draws(real_store):
+    from workbench import Workbench, figures
+
+    wb = Workbench(real_store)
+    for run in (None, *RUNS):
+        figures.fidelity_bars(wb.fidelity_by_tool(run))
+        figures.calibration(wb.calibration(run))
+    figures.fidelity_over_training(wb.fidelity_over_training("train"))
+    figures.training_curves(wb.training("train"))
+    figures.budget_curves(wb.sweep("sw"))
+    assert not wb.training("train").empty and not wb.sweep("sw").empty
