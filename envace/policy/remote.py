@@ -1,64 +1,102 @@
-"""A backend served over HTTP by an OpenAI-compatible completions server (vLLM's `vllm serve`, …).
+"""A backend served over HTTP by OpenAI-compatible completions servers (vLLM), token ids in and out.
 
-Spec: `http://HOST:PORT/v1?model=NAME&tokenizer=SPEC` (`model` as the server names it; `tokenizer`
-a local model spec whose tokenizer is the served model's, `default` when omitted). Prompts go as
-token ids (`"prompt": [[ids], …]`, which vLLM accepts), so the server sees exactly the engine's
-rendering; the completion comes back as text, and its ids are the local tokenizer's encoding of it,
-closed by the end-of-message token when the server stopped. Adapters cannot be switched off on a
-server, so a frozen role cannot be served this way.
+Spec: `http://HOST:PORT/v1?model=NAME&tokenizer=SPEC`, or several servers separated by commas
+(`http://a:8000/v1,http://b:8000/v1?model=NAME`): `model` is the name the servers serve, `tokenizer` a
+local model spec whose tokenizer is the served model's (`default` when omitted), used to render prompts.
+
+Prompts go as token ids and every completion comes back as the server's sampled token ids
+(`return_token_ids`) with their log-probabilities (`logprobs: 0`, the model's raw distribution), so
+nothing is ever re-encoded. Each prompt is its own request with its own seed (a batch shares one seed in
+vLLM's API, which would give a GRPO group identical samples); the requests of a call run concurrently and
+the server batches them. With several servers the prompts are spread across them in contiguous shares.
+`model` may be switched to a hot-loaded adapter's name; a frozen role then generates with the base name.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from envace.errors import UsageError
 from envace.policy.backend import Generation, SamplingParams
 from envace.policy.models import load_tokenizer
 from envace.policy.tokenizer import END_OF_MESSAGE
+from envace.policy.vllm import request
 
 
 class RemoteBackend:
     max_context: int | None = None  # the server enforces its own
 
-    def __init__(self, base_url: str, model: str, tokenizer, timeout_s: float = 600.0) -> None:
-        self.url = base_url.rstrip("/") + "/completions"
-        self.model = model
+    def __init__(self, urls: list[str], model: str, tokenizer, timeout_s: float = 600.0,
+                 concurrency: int = 64, servers: list | None = None) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self.servers = servers or []  # servers this program started (`vllm.Server`), stopped by `close`
+        self.model = self.base_model = model  # `model` becomes an adapter's name once one is loaded
         self.tokenizer = tokenizer
-        self.timeout_s = timeout_s
+        self.timeout_s, self.concurrency = timeout_s, concurrency
         self.calls = 0
         self.end = tokenizer.convert_tokens_to_ids(END_OF_MESSAGE)
 
     @classmethod
     def from_spec(cls, spec: str) -> RemoteBackend:
-        parts = urlsplit(spec)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        urls, query = [], {}
+        for part in spec.split(","):
+            parts = urlsplit(part.strip())
+            query.update({k: v[-1] for k, v in parse_qs(parts.query).items()})
+            urls.append(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")))
         if "model" not in query:
             raise UsageError(f"a server spec needs ?model=NAME (the served model's name): {spec}")
-        base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-        return cls(base, query["model"], load_tokenizer(query.get("tokenizer", "default")))
+        return cls(urls, query["model"], load_tokenizer(query.get("tokenizer", "default")))
+
+    def check(self) -> None:
+        """Every server answers, serves the model, and tokenizes a probe exactly as the local tokenizer does
+        (a server started on another model would get prompts it reads differently): one clear error if not."""
+        probe = "<|im_start|>user\nenvace probe: ls(folder='Documents') 1234.5 ü<|im_end|>"
+        expected = self.tokenizer.encode(probe, add_special_tokens=False)
+        for url in self.urls:
+            served = [m["id"] for m in request(f"{url}/models", timeout_s=30)["data"]]
+            if self.base_model not in served:
+                raise UsageError(f"{url} does not serve '{self.base_model}' (it serves {', '.join(served)})")
+            answer = request(f"{url.removesuffix('/v1')}/tokenize",
+                             {"model": self.base_model, "prompt": probe, "add_special_tokens": False}, 60)
+            if not isinstance(answer, dict) or answer.get("tokens") != expected:
+                raise UsageError(f"{url} tokenizes differently from the local tokenizer: it serves another model "
+                                 "than the one named (pass ?tokenizer=SPEC for the served model)")
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def clear_caches(self) -> None:
+        """Servers keep their own prefix caches, keyed by the weights' version."""
+
+    def _complete(self, url: str, prompt: list[int], params: SamplingParams, seed: int | None) -> Generation:
+        if params.frozen and self.model == self.base_model:
+            raise UsageError("a frozen role generates with the base weights, but the server holds no adapter to "
+                             "switch off (train with lora = true)")
+        body = {"model": self.base_model if params.frozen else self.model, "prompt": prompt,
+                "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                "stop_token_ids": [self.end], "return_token_ids": True, "logprobs": 0,
+                "return_tokens_as_token_ids": True}
+        if seed is not None:
+            body["seed"] = seed
+        answer = request(f"{url}/completions", body, self.timeout_s)
+        try:
+            choice = answer["choices"][0]
+            ids = list(choice["token_ids"])
+            logprobs = list(choice["logprobs"]["token_logprobs"])
+        except (KeyError, IndexError, TypeError):
+            raise UsageError(f"{url}/completions did not return token ids and log-probs: {str(answer)[:200]}") from None
+        stopped = choice.get("finish_reason") == "stop"
+        if stopped and (not ids or ids[-1] != self.end):  # the stop token closes the message, as HF's output does
+            ids.append(self.end)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(ids, text, "stop" if stopped else "length", logprobs[: len(ids)])
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        if params.frozen:
-            raise UsageError("a frozen role generates with adapters off, which a completions server cannot do")
         self.calls += 1
-        body = {"model": self.model, "prompt": prompts, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "stop": [END_OF_MESSAGE]}
-        if params.seed is not None:
-            body["seed"] = params.seed
-        request = urllib.request.Request(self.url, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                choices = sorted(json.load(response)["choices"], key=lambda c: c["index"])
-        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            raise UsageError(f"completions server {self.url} failed: {exc}") from None
-        out = []
-        for choice in choices:
-            text, stopped = choice["text"], choice.get("finish_reason") == "stop"
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.end] if stopped else [])
-            out.append(Generation(ids, text, "stop" if stopped else "length"))
-        return out
+        share = -(-len(prompts) // len(self.urls)) if prompts else 1
+        jobs = [(self.urls[i // share], p, None if params.seed is None else params.seed * 65_537 + i)
+                for i, p in enumerate(prompts)]
+        with ThreadPoolExecutor(max(1, min(self.concurrency, len(jobs)))) as pool:
+            return list(pool.map(lambda job: self._complete(job[0], job[1], params, job[2]), jobs))

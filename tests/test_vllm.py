@@ -1,0 +1,167 @@
+"""Real vLLM servers (from .venv-vllm, `make vllm`) on the tiny model, float32: generation, rollouts, weight sync.
+
+Two servers start once for the module (about 100 s together); every test talks to them over HTTP as the
+jobs do. The last test kills one of them mid-run.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from envace.cli import main
+from envace.policy import vllm
+from envace.policy.backend import SamplingParams
+from envace.policy.hf import HFBackend
+from envace.policy.remote import RemoteBackend
+from envace.policy.specs import model_dir
+from envace.rehearsal.prompts import ChatRenderer
+from envace.store import connect
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("vllm")
+    pair = [vllm.launch(model_dir("tiny"), "base", lora_rank=8, log_dir=logs) for _ in range(2)]
+    try:
+        for server in pair:
+            server.ready()
+        yield pair
+    finally:
+        for server in pair:
+            server.stop()
+
+
+def _spec(*servers) -> str:
+    return ",".join(s.url for s in servers) + "?model=base&tokenizer=tiny"
+
+
+def _prompts(bfcl, tok, n=4):
+    renderer = ChatRenderer(tok)
+    return [renderer.opening(t) for t in bfcl.load_tasks("multi_turn_base", "test", limit=n)]
+
+
+def _requests(server) -> float:
+    """Requests the server has finished, from its Prometheus metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{server.root}/metrics", timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_greedy_token_ids_and_logprobs_equal_the_hf_backends(servers, bfcl, tiny):
+    model, tok = tiny
+    prompts = _prompts(bfcl, tok)
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, logprobs=True)
+    served = RemoteBackend.from_spec(_spec(servers[0]))
+    served.check()
+    local = HFBackend(model, tok).generate(prompts, params)
+    remote = served.generate(prompts, params)
+    assert [g.ids for g in remote] == [g.ids for g in local]  # token ids in, token ids out, never re-encoded
+    for a, b in zip(remote, local, strict=True):
+        assert len(a.logprobs) == len(a.ids) == len(b.logprobs)
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
+
+
+def test_episodes_spread_over_two_servers_and_a_group_samples_distinct_outputs(servers, bfcl, tiny):
+    prompts = _prompts(bfcl, tiny[1], 2) * 2
+    before = [_requests(s) for s in servers]
+    gens = RemoteBackend.from_spec(_spec(*servers)).generate(prompts, SamplingParams(16, temperature=1.0, seed=3))
+    after = [_requests(s) for s in servers]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2, 2]
+    assert gens[0].ids != gens[2].ids  # the same prompt twice in one call: its own seed each, not one shared
+
+
+def test_a_rollout_and_an_eval_run_through_the_servers(servers, tmp_path, capsys):
+    root = str(tmp_path)
+    spec = _spec(*servers)
+    assert main(["rollout", "--model", spec, "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
+                 "--max-steps-per-turn", "1", "--root", root, "--run-name", "r"]) == 0
+    assert main(["eval", spec, "--limit", "1", "--max-new-tokens", "8", "--max-steps-per-turn", "1", "--root", root,
+                 "--run-name", "e"]) == 0
+    con = connect(root)
+    missing = con.execute("SELECT count(*) FROM generations WHERE logprobs IS NULL OR len(logprobs) <> "
+                          "len(completion_ids)").fetchall()[0][0]
+    assert missing == 0  # the behaviour log-probs of every sampled token are stored
+    assert {r for (r,) in con.execute("SELECT DISTINCT run_id FROM episodes").fetchall()} == {"r", "e"}
+
+
+def test_lora_training_syncs_the_adapter_to_both_servers_after_every_update(servers, tmp_path):
+    """Two GRPO steps with rollouts on the servers: after each update the adapter is hot-loaded into both, and
+    what they serve then is what transformers + peft compute with the trained adapter."""
+    from envace.policy.models import load_policy
+
+    root = tmp_path / "runs"
+    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "v", "--set", "lora=true",
+                 "--set", "lora_rank=8", "--set", f'servers="{_spec(*servers)}"', "--set", "sft_tasks=1",
+                 "--set", "lr=5e-2"]) == 0
+    con = connect(root)
+    sync = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'sync_s' ORDER BY step").fetchall()]
+    gap = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'logprob_gap'").fetchall()]
+    assert len(sync) == 2 and all(s > 0 for s in sync) and gap and all(g < 0.01 for g in gap)
+    assert all("policy" in s.served() for s in servers)
+    trained, tok = load_policy(str(root / "v" / "checkpoint"))  # the final adapter, merged
+    base, _ = load_policy("tiny")
+    prompt = tok.encode("<|im_start|>user\nls please<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, logprobs=True)
+    (expected,) = HFBackend(trained, tok).generate([prompt], params)
+    (untrained,) = HFBackend(base, tok).generate([prompt], params)
+    moved = max(abs(a - b) for a, b in zip(expected.logprobs, untrained.logprobs, strict=False))
+    assert moved > 1e-3  # the weights moved
+    for server in servers:
+        served = RemoteBackend([server.url], "base", tok)
+        served.model = "policy"
+        (policy,) = served.generate([prompt], params)
+        (frozen,) = served.generate([prompt], SamplingParams(12, temperature=0.0, logprobs=True, frozen=True))
+        assert policy.ids == expected.ids and frozen.ids == untrained.ids  # caller_only's rehearser: the base
+        assert max(abs(a - b) for a, b in zip(policy.logprobs, expected.logprobs, strict=True)) < 1e-3
+
+
+def test_a_job_starts_its_own_server_with_backend_vllm(tmp_path):
+    assert main(["rollout", "--backend", "vllm", "--model", "tiny", "--limit", "1", "--max-new-tokens", "6",
+                 "--max-steps-per-turn", "1", "--root", str(tmp_path), "--run-name", "own"]) == 0
+    con = connect(tmp_path)
+    assert con.execute("SELECT count(*) FROM generations WHERE logprobs IS NOT NULL").fetchall()[0][0] > 0
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_bad_servers_are_one_clear_line_and_nothing_is_stored(servers, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        cases = [
+            (["rollout", "--model", "http://127.0.0.1:9/v1?model=base&tokenizer=tiny"], {}, "not reachable"),
+            (["rollout", "--model", servers[0].url + "?model=nope&tokenizer=tiny"], {}, "does not serve 'nope'"),
+            (["rollout", "--model", servers[0].url + "?model=base&tokenizer=default"], {}, "tokenizes differently"),
+            (["rollout", "--backend", "vllm", "--model", "tiny"], {"ENVACE_VLLM_PYTHON": "/no/python"}, "make vllm"),
+            (["serve", "tiny", "--port", str(port)], {}, "already in use"),
+        ]
+        for args, env, message in cases:
+            done = _cli(*args, "--root", str(tmp_path), env=env) if args[0] != "serve" else _cli(*args, env=env)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and len(lines) == 1 and message in lines[0], (args, done.stderr)
+    assert not list(tmp_path.iterdir())  # refused before any run folder
+
+
+def test_a_server_that_dies_mid_run_leaves_the_run_interrupted(servers, tmp_path):
+    job = subprocess.Popen([sys.executable, "-m", "envace.cli", "rollout", "--model", _spec(servers[1]), "--limit", "8",
+                            "--batch-size", "1", "--max-new-tokens", "8", "--max-steps-per-turn", "2", "--root",
+                            str(tmp_path), "--run-name", "dies"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.time() + 240
+    while not list(tmp_path.glob("dies/episodes/*.parquet")) and time.time() < deadline:
+        time.sleep(0.2)
+    servers[1].stop(grace_s=5)
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 2 and "Traceback" not in err and "not reachable" in err
+    assert connect(tmp_path).execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
