@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The "learning you can see" recipe (experiments/bfcl_turns_cpu.toml): one SFT checkpoint, then five GRPO arms
+# with the same number of steps from it, every arm evaluated on the same 24 BFCL test turns, plus base and SFT.
+# A re-run keeps every run that already completed. TAG names the set (default: turns); STEPS overrides the
+# GRPO steps; SEED the seed of the GRPO arms.
+set -euo pipefail
+CONFIG=experiments/bfcl_turns_cpu.toml
+ROOT=${ENVACE_RUNS:-runs}
+TAG=${TAG:-turns}
+SEED=${SEED:-0}
+envace() { .venv/bin/envace "$@"; }
+done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
+
+done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0
+SFT="$ROOT/sft-$TAG/checkpoint"
+done_run "eval-base-$TAG" || envace eval default --config "$CONFIG" --run-name "eval-base-$TAG"
+done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
+arm() {  # name, then --set overrides
+  local name=$1; shift
+  done_run "$name-$TAG-s$SEED" || envace train "$CONFIG" --run-name "$name-$TAG-s$SEED" --set model="\"$SFT\"" \
+    --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "$@"
+  done_run "eval-$name-$TAG-s$SEED" || envace eval "$ROOT/$name-$TAG-s$SEED/checkpoint" --config "$CONFIG" \
+    --run-name "eval-$name-$TAG-s$SEED"
+}
+arm envace
+arm caller_only --set variant=caller_only
+arm real_env --set variant=real_env
+arm dyna --set rollout.real_fraction=0.5
+arm fidelity --set rehearser_reward='"task+fidelity"' --set rollout.shadow_fraction=1.0
+envace runs
