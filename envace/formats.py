@@ -20,12 +20,60 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
-# Parse error kinds, stored verbatim in the `turns.parse_error` column.
+# Parse error kinds, stored verbatim in the `generations.parse_error` column.
 UNBALANCED_TAGS = "unbalanced_tags"
 JSON_DECODE_ERROR = "json_decode_error"
 NOT_A_CALL = "not_a_call"
 MISSING_NAME = "missing_name"
 BAD_ARGUMENTS = "bad_arguments"
+MESSAGE_TOO_LONG = "message_too_long"
+MAX_MESSAGE_CHARS = 100_000
+
+
+def _loads(text: str) -> tuple[Any, str | None]:
+    """(value, None) for JSON text, else (None, why): never raises. Besides malformed JSON this refuses what
+    Python's decoder raises on outside `JSONDecodeError` (an integer past the int-string limit, nesting past
+    the recursion limit) and text no UTF-8 store or tokenizer can hold (an escaped lone surrogate)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is the int-digit limit
+        return None, str(exc)[:200] or type(exc).__name__
+    bad = _unencodable(value)
+    return (None, bad) if bad else (value, None)
+
+
+def _unencodable(value: Any) -> str | None:
+    """Why `value` cannot be written as UTF-8 (a lone surrogate in a string or key), walked without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "text holds an unpaired surrogate"
+        elif isinstance(item, dict):
+            stack += list(item.keys()) + list(item.values())
+        elif isinstance(item, list):
+            stack += item
+    return None
+
+
+def _pairs(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int]] | None:
+    """The (start, end) of each `open_tag … close_tag` block in order, or None when the tags do not pair up
+    (a close before its open, an open inside a block, an unclosed open): a real scan, not a count."""
+    tags = sorted([(m.start(), True) for m in re.finditer(re.escape(open_tag), text)]
+                  + [(m.start(), False) for m in re.finditer(re.escape(close_tag), text)])
+    blocks, start = [], None
+    for at, is_open in tags:
+        if is_open == (start is not None):
+            return None
+        if is_open:
+            start = at + len(open_tag)
+        else:
+            blocks.append((start, at))
+            start = None
+    return None if start is not None else blocks
 
 
 @dataclass(frozen=True)
@@ -54,11 +102,10 @@ def _call_from_json(obj: Any) -> ToolCall | tuple[str, str]:
         return MISSING_NAME, "the call has no string 'name'"
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
-        # Some models double-encode the arguments; a JSON string holding an object is accepted.
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            return BAD_ARGUMENTS, f"arguments string is not JSON: {exc.msg}"
+        # Some models double-encode the arguments; a JSON string holding an object is accepted (once).
+        args, why = _loads(args) if args.strip() else ({}, None)
+        if why:
+            return BAD_ARGUMENTS, f"arguments string is not JSON: {why}"
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -67,21 +114,23 @@ def _call_from_json(obj: Any) -> ToolCall | tuple[str, str]:
 
 
 def parse_tool_calls(text: str) -> ParsedMessage:
-    """Split a caller message into tool calls and text. Never raises."""
+    """Split a caller message into tool calls and text. Never raises: any string gets a classified result."""
     if not isinstance(text, str):
         return ParsedMessage(error=NOT_A_CALL, detail="message is not text")
-    opens, closes = text.count(TOOL_CALL_OPEN), text.count(TOOL_CALL_CLOSE)
-    if opens == 0 and closes == 0:
+    if len(text) > MAX_MESSAGE_CHARS:
+        return ParsedMessage(error=MESSAGE_TOO_LONG, detail=f"{len(text)} characters")
+    if TOOL_CALL_OPEN not in text and TOOL_CALL_CLOSE not in text:
         return ParsedMessage(text=text.strip())
-    if opens != closes:
+    blocks = _pairs(text, TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+    if blocks is None:
         return ParsedMessage(text=text.strip(), error=UNBALANCED_TAGS,
-                             detail=f"{opens} opening and {closes} closing tool_call tags")
+                             detail=f"{text.count(TOOL_CALL_OPEN)} opening and {text.count(TOOL_CALL_CLOSE)} "
+                                    "closing tool_call tags, not in matching pairs")
     calls: list[ToolCall] = []
-    for block in _BLOCK.findall(text):
-        try:
-            obj = json.loads(block.strip())
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return ParsedMessage(text=text.strip(), error=JSON_DECODE_ERROR, detail=str(exc)[:200])
+    for start, end in blocks:
+        obj, why = _loads(text[start:end].strip())
+        if why:
+            return ParsedMessage(text=text.strip(), error=JSON_DECODE_ERROR, detail=why)
         for item in obj if isinstance(obj, list) else [obj]:
             parsed = _call_from_json(item)
             if isinstance(parsed, tuple):
@@ -96,6 +145,17 @@ def render_tool_call(call: ToolCall) -> str:
     """The canonical caller text of one call, as the chat template renders an assistant tool call."""
     body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def strip_thinking(text: str) -> str:
+    """The text without its reasoning: every `<think>…</think>` block removed, and an unclosed `<think>` (a
+    budget cut mid-thought) taking the rest with it. A call or a result inside thinking is no action."""
+    if not isinstance(text, str) or "<think>" not in text and "</think>" not in text:
+        return text
+    out = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
+    if "</think>" in out:  # the template opened the block in the prompt: everything before its end is thought
+        out = out.rsplit("</think>", 1)[1]
+    return out.split("<think>", 1)[0].strip()
 
 
 # -- rehearser output ------------------------------------------------------------------------------
@@ -133,23 +193,24 @@ def parse_execution_result(text: str) -> ParsedResult:
         return ParsedResult(error=MISSING_RESULT, detail="no <execution_result> tag")
     if opens > 1 or closes > 1:
         return ParsedResult(error=SEVERAL_RESULTS, detail=f"{opens} results")
-    if closes == 0:
-        return ParsedResult(error=UNCLOSED_RESULT, detail="no </execution_result> (truncated?)")
-    body = text.split(RESULT_OPEN, 1)[1].split(RESULT_CLOSE, 1)[0].strip()
+    blocks = _pairs(text, RESULT_OPEN, RESULT_CLOSE)
+    if not blocks:  # the close is missing (a cut-off rehearsal), or comes before the open
+        return ParsedResult(error=UNCLOSED_RESULT, detail="no </execution_result> after <execution_result> "
+                                                          "(truncated?)")
+    (start, end), = blocks
+    body = text[start:end].strip()
     if not body:
         return ParsedResult(error=EMPTY_RESULT, detail="empty result")
-    try:
-        return ParsedResult(value=json.loads(body))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return ParsedResult(error=INVALID_JSON, detail=str(exc)[:200])
+    value, why = _loads(body)
+    return ParsedResult(error=INVALID_JSON, detail=why) if why else ParsedResult(value=value)
 
 
 def as_json_value(content: str) -> Any:
     """A tool response as a JSON value: parsed when it is JSON text, else the text as a JSON string."""
-    try:
-        return json.loads(content)
-    except (json.JSONDecodeError, TypeError, RecursionError):
+    if not isinstance(content, str):
         return content
+    value, why = _loads(content)
+    return content if why else value
 
 
 def is_error_value(value: Any) -> bool:

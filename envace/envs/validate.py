@@ -19,9 +19,11 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _type_ok(value: Any, json_type: str | None) -> bool:
-    if json_type is None or json_type == "any" or json_type not in _JSON_TYPES:
-        return True
+def _type_ok(value: Any, json_type: Any) -> bool:
+    if isinstance(json_type, list):  # JSON Schema's ["string", "null"]: any of them
+        return not json_type or any(_type_ok(value, t) for t in json_type)
+    if not isinstance(json_type, str) or json_type not in _JSON_TYPES:
+        return True  # "any", an unknown type name, or none: the tool itself decides
     if isinstance(value, bool) and json_type in ("integer", "number"):
         return False  # bool is an int in Python, never in JSON Schema
     return isinstance(value, _JSON_TYPES[json_type])
@@ -33,17 +35,20 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
     Checked: required keys present, no unknown keys, JSON types of each given value (an integer is a
     valid number), and enums. Nested objects are left to the tool itself.
     """
-    props: dict[str, Any] = parameters.get("properties", {}) or {}
-    for key in parameters.get("required", []) or []:
-        if key not in arguments:
+    if not isinstance(parameters, dict) or not isinstance(arguments, dict):
+        return "the tool's parameters or the call's arguments are not objects"
+    props: dict[str, Any] = parameters.get("properties", {}) if isinstance(parameters.get("properties"), dict) else {}
+    required = parameters.get("required", [])
+    for key in required if isinstance(required, list) else []:
+        if isinstance(key, str) and key not in arguments:  # a non-string name can name no argument
             return f"missing required parameter '{key}'"
     for key, value in arguments.items():
         if key not in props:
             return f"unknown parameter '{key}'"
-        spec = props[key] or {}
+        spec = props[key] if isinstance(props[key], dict) else {}
         if not _type_ok(value, spec.get("type")):
             return f"parameter '{key}' should be {spec.get('type')}, got {type(value).__name__}"
-        if "enum" in spec and value not in spec["enum"]:
+        if isinstance(spec.get("enum"), list) and value not in spec["enum"]:
             return f"parameter '{key}' must be one of {spec['enum']}"
     return None
 
@@ -54,7 +59,7 @@ def check_call(call: ToolCall, tools: dict[str, dict[str, Any]]) -> tuple[str, s
     Returns None when the call may be dispatched, else (error kind, message).
     """
     schema = tools.get(call.name)
-    if schema is None:
+    if not isinstance(schema, dict):
         return TOOL_NOT_AVAILABLE, f"tool '{call.name}' is not available"
     problem = check_arguments(call.arguments, schema.get("parameters", {}))
     if problem:

@@ -1,0 +1,192 @@
+"""No model output, config or flag can crash a job: every parser classifies any string, every config mistake is one
+line naming the field, and hostile outputs from either role leave their batch stored."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envace import formats
+from envace.config import RolloutConfig, TrainConfig
+from envace.envs.validate import check_arguments, check_call
+from envace.errors import UsageError
+from envace.types import ToolCall
+
+MANY = settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck))
+
+HOSTILE = [
+    "1" * 4301,  # past Python's int-string limit
+    "[" * 1000 + "]" * 1000,  # past the recursion limit
+    '"\\ud800"',  # an escaped lone surrogate
+    json.dumps(json.dumps(json.dumps({"a": 1}))),  # arguments encoded three times
+]
+
+
+def _tag(body: str, open_tag: str, close_tag: str) -> str:
+    return f"{open_tag}{body}{close_tag}"
+
+
+pieces = st.sampled_from(["<tool_call>", "</tool_call>", "<execution_result>", "</execution_result>", "<think>",
+                          "</think>", "{", "}", "[", "]", '"', "\\ud800", "1" * 5000, '"name"', ":", ",", "null",
+                          '{"name": "ls", "arguments": {}}', '"arguments": "{\\"a\\": 1}"'])
+texts = st.one_of(st.text(), st.lists(st.one_of(pieces, st.text(max_size=5)), max_size=12).map("".join),
+                  st.sampled_from(HOSTILE).map(lambda h: _tag(h, "<tool_call>", "</tool_call>")),
+                  st.sampled_from(HOSTILE).map(lambda h: _tag(h, "<execution_result>", "</execution_result>")))
+
+
+@MANY
+@given(texts)
+def test_parse_tool_calls_classifies_any_string(text):
+    parsed = formats.parse_tool_calls(text)
+    assert (parsed.error is None) or (parsed.calls == [] and parsed.error in {
+        formats.UNBALANCED_TAGS, formats.JSON_DECODE_ERROR, formats.NOT_A_CALL, formats.MISSING_NAME,
+        formats.BAD_ARGUMENTS, formats.MESSAGE_TOO_LONG})
+    for call in parsed.calls:  # whatever is accepted can be stored and tokenized
+        json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")
+
+
+@MANY
+@given(texts)
+def test_parse_execution_result_classifies_any_string(text):
+    parsed = formats.parse_execution_result(text)
+    if parsed.error is None:
+        formats.content_of(parsed.value).encode("utf-8")
+    assert parsed.error in (None, formats.MISSING_RESULT, formats.UNCLOSED_RESULT, formats.SEVERAL_RESULTS,
+                            formats.INVALID_JSON, formats.EMPTY_RESULT, formats.TOO_LONG)
+
+
+@MANY
+@given(texts)
+def test_json_values_and_thinking_never_raise(text):
+    formats.as_json_value(text)
+    formats.strip_thinking(text)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                           max_leaves=8)
+types = st.one_of(json_values, st.sampled_from(["string", "integer", "number", "boolean", "array", "object", "any"]),
+                st.lists(st.sampled_from(["string", "null", "integer"])))
+properties = st.dictionaries(st.text(max_size=3), st.one_of(
+    json_values, st.fixed_dictionaries({"type": types, "enum": json_values})), max_size=3)
+schemas = st.one_of(json_values, st.fixed_dictionaries({
+    "type": st.just("object"), "properties": st.one_of(json_values, properties),
+    "required": st.one_of(json_values, st.lists(st.text(max_size=3), max_size=3))}))
+
+
+@MANY
+@given(st.one_of(json_values, st.dictionaries(st.text(max_size=3), json_values, max_size=4)), schemas)
+def test_the_validator_classifies_any_call_against_any_schema(arguments, parameters):
+    problem = check_arguments(arguments, parameters)
+    assert problem is None or isinstance(problem, str)
+    kind = check_call(ToolCall("f", arguments if isinstance(arguments, dict) else {}), {"f": {"parameters":
+                                                                                             parameters}})
+    assert kind is None or kind[0] in ("INVALID_PARAMETERS", "TOOL_NOT_AVAILABLE")
+
+
+def test_the_cases_found_before_are_classified():
+    assert formats.parse_tool_calls("</tool_call><tool_call>").error == formats.UNBALANCED_TAGS
+    assert formats.parse_execution_result('</execution_result><execution_result>{"ok": 1}').error \
+        == formats.UNCLOSED_RESULT
+    big = '{"name": "f", "arguments": {"n": ' + "1" * 4301 + "}}"
+    assert formats.parse_tool_calls(f"<tool_call>{big}</tool_call>").error == formats.JSON_DECODE_ERROR
+    deep = '{"name": "f", "arguments": "' + "[" * 1000 + "]" * 1000 + '"}'
+    assert formats.parse_tool_calls(f"<tool_call>{deep}</tool_call>").error == formats.BAD_ARGUMENTS
+    surrogate = '<tool_call>{"name": "f", "arguments": {"x": "\\ud800"}}</tool_call>'
+    assert formats.parse_tool_calls(surrogate).error == formats.JSON_DECODE_ERROR
+    assert formats.parse_execution_result('<execution_result>"\\ud800"</execution_result>').error \
+        == formats.INVALID_JSON
+    assert formats.as_json_value("1" * 4301) == "1" * 4301
+
+
+class Hostile:
+    """A backend whose every output, as caller and as rehearser, is one of the hostile texts in turn."""
+
+    max_context = None
+
+    def __init__(self, tok):
+        self.tokenizer, self.n = tok, 0
+        self.end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(self, prompts, params):
+        from envace.policy.backend import Generation
+
+        out = []
+        for prompt in prompts:
+            self.n += 1
+            body = HOSTILE[self.n % len(HOSTILE)]
+            rehearser = "## Call to simulate" in self.tokenizer.decode(prompt)
+            text = _tag(body, "<execution_result>", "</execution_result>") if rehearser else \
+                _tag('{"name": "ls", "arguments": ' + body + "}", "<tool_call>", "</tool_call>") \
+                if self.n % 2 else _tag(body, "<tool_call>", "</tool_call>")
+            if self.n % 3 == 0:  # a valid call now and then, so rehearsals happen
+                text = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>' if not rehearser else text
+            out.append(Generation(self.tokenizer.encode(text, add_special_tokens=False) + [self.end], text, "stop"))
+        return out
+
+
+@pytest.mark.parametrize("mode", ["rehearse", "real+shadow"])
+def test_hostile_outputs_of_both_roles_leave_their_batch_stored(tiny, tmp_path, mode):
+    from envace.jobs import Reporter, rollout_job
+    from envace.store import connect
+
+    quiet = type("Quiet", (Reporter,), {"say": lambda self, text: None})()
+    cfg = RolloutConfig(model="tiny", mode=mode, limit=2, max_steps_per_turn=4, embedding=False,
+                        rehearser={"on_error": "feed_error"})
+    run, summary = rollout_job(cfg, tmp_path, "hostile", reporter=quiet, backend=Hostile(tiny[1]))
+    con = connect(tmp_path)
+    rows = con.execute("SELECT role, parse_error FROM generations").fetchall()
+    assert summary["episodes"] == 2 and len(rows) >= 6
+    assert {"caller", "rehearser"} <= {r for r, _ in rows}
+    assert {e for _, e in rows} & {formats.JSON_DECODE_ERROR, formats.BAD_ARGUMENTS, formats.INVALID_JSON}
+
+
+toml_values = st.one_of(st.integers(), st.floats(), st.text(max_size=6), st.booleans(),
+                        st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(),
+                                                                              max_size=2))
+fields = st.sampled_from(["env", "category", "split", "limit", "mode", "model", "group_size", "temperature",
+                          "top_p", "rehearser", "private", "max_new_tokens", "unit", "backend", "lr", "sft_lr",
+                          "rollout", "variant", "fsdp", "real_fraction", "bogus", "max_steps_per_turn"])
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(fields, toml_values, max_size=5))
+def test_any_config_document_is_built_or_refused_in_one_line(document):
+    for cls in (RolloutConfig, TrainConfig):
+        try:
+            cls.from_dict(document, where="doc")
+        except UsageError as exc:
+            assert "\n" not in str(exc) and str(exc).startswith("doc: ")
+
+
+@pytest.mark.parametrize("content, args", [
+    (b"\xff\xfe\x00binary", ["train"]), ("train = 3\n", ["train"]), ("[[train]]\nlr = 1\n", ["train"]),
+    ("rollout = 3\n", ["rollout", "--config"]), ('[rollout]\nprivate = 3\n', ["rollout", "--budget", "1", "--config"]),
+    ("[train]\nlr = nan\n", ["train"]), ("[rollout]\ntemperature = inf\n", ["rollout", "--config"]),
+])
+def test_bad_config_files_are_one_line_and_exit_2(tmp_path, content, args):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    command = [*args[:1], str(path)] if args == ["train"] else [*args, str(path)]
+    done = subprocess.run([sys.executable, "-m", "envace.cli", *command, "--root", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rollout", "--temperature", "nan"], "temperature: expected a finite number"),
+    (["rollout", "--model", "bad name"], "model"),
+    (["rollout", "--model", "~nouser/m"], "model"),
+    (["app", "--port", "99999"], "--port"), (["app", "--port", "-1"], "--port"),
+    (["app", "--host", "999.1.1.1"], "--host"), (["serve", "tiny", "--port", "80000"], "--port"),
+])
+def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, message):
+    done = subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
