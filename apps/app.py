@@ -10,13 +10,40 @@ from __future__ import annotations
 from pathlib import Path
 
 import gradio as gr
+import pandas as pd
 
 from apps import dashboards, inspector, launcher
-from apps.common import rounded
+from apps.common import percent, score
 from apps.render import empty_state, warnings_md
 from workbench import Workbench
 
 REFRESH_S = 5.0
+
+
+def run_table(wb: Workbench) -> pd.DataFrame:
+    """The Runs tab: newest first, human times, rates as percentages, and headline metrics for training runs."""
+    runs = wb.runs()
+    if runs.empty:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    heads = wb.headlines().set_index("run_id")
+    table = pd.DataFrame({
+        "run": runs["run_id"], "kind": runs["kind"], "status": runs["status"], "model": runs["model"],
+        "created": pd.to_datetime(runs["created"]).dt.strftime("%Y-%m-%d %H:%M"),
+        "episodes": runs["episodes"].map(lambda n: "" if pd.isna(n) else str(int(n))),
+        "success": runs["success_rate"].map(percent), "checklist": runs["checklist"].map(score),
+        "well-formed calls": runs["well_formed_rate"].map(percent),
+        "GRPO steps": runs["run_id"].map(lambda r: "" if r not in heads.index else f"{heads.at[r, 'steps']:.0f}"),
+        "last reward": runs["run_id"].map(lambda r: score(heads["reward"].get(r))),
+        "groups with signal": runs["run_id"].map(lambda r: percent(heads["signal"].get(r))),
+        "eval checklist": runs["run_id"].map(lambda r: score(heads["eval_checklist"].get(r))),
+        "eval rehearsal exact": runs["run_id"].map(lambda r: score(heads["eval_exact"].get(r))),
+    })
+    return table.fillna("")
+
+
+RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
+               "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
+_OPENS = {"train": "training", "sweep": "rehearsal"}  # the tab a click on a run opens (else the Inspector)
 
 
 def build(root: str | Path = "runs", experiments: str | Path = "experiments",
@@ -25,28 +52,37 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
     with gr.Blocks(title="EnvACE Workbench", analytics_enabled=False) as app:
         timer = gr.Timer(refresh_s)
         gr.Markdown(f"## EnvACE Workbench · `{wb.root}`")
-        with gr.Tab("Runs"):
-            empty = gr.Markdown(elem_id="empty-state")
-            warnings = gr.Markdown(elem_id="store-warnings")
-            runs = gr.Dataframe(label="runs (newest first)", interactive=False, elem_id="runs-table")
-        with gr.Tab("Inspector"):
-            inspector.build(app, wb, timer)
-        with gr.Tab("Fidelity"):
-            dashboards.fidelity_tab(app, wb, timer)
-        with gr.Tab("Private rehearsal"):
-            dashboards.rehearsal_tab(app, wb, timer)
-        with gr.Tab("Training"):
-            dashboards.training_tab(app, wb, timer)
-        with gr.Tab("Launch"):
-            launcher.build(app, wb, timer, Path(experiments))
+        with gr.Tabs() as tabs:
+            with gr.Tab("Runs", id="runs"):
+                empty = gr.Markdown(elem_id="empty-state")
+                warnings = gr.Markdown(elem_id="store-warnings")
+                runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False,
+                                    elem_id="runs-table")
+            with gr.Tab("Inspector", id="inspector"):
+                inspected = inspector.build(app, wb, timer)
+            with gr.Tab("Fidelity", id="fidelity"):
+                dashboards.fidelity_tab(app, wb, timer)
+            with gr.Tab("Private rehearsal", id="rehearsal"):
+                swept = dashboards.rehearsal_tab(app, wb, timer)
+            with gr.Tab("Training", id="training"):
+                trained = dashboards.training_tab(app, wb, timer)
+            with gr.Tab("Launch", id="launch"):
+                launcher.build(app, wb, timer, Path(experiments))
 
         def refresh():
             wb.refresh()
-            frame = rounded(wb.runs().drop(columns=["summary"]))
+            frame = run_table(wb)
             return empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), frame
+
+        def open_run(frame: pd.DataFrame, evt: gr.SelectData):
+            run_id, kind = frame.iloc[evt.index[0]]["run"], frame.iloc[evt.index[0]]["kind"]
+            tab = _OPENS.get(kind, "inspector")
+            return (gr.Tabs(selected=tab), run_id if tab == "inspector" else gr.skip(),
+                    [run_id] if tab == "training" else gr.skip(), run_id if tab == "rehearsal" else gr.skip())
 
         # re-read the store on every tick: the tabs see new shards by their next query
         gr.on([app.load, timer.tick], refresh, None, [empty, warnings, runs])
+        runs.select(open_run, runs, [tabs, inspected, trained, swept])
     return app
 
 

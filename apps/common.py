@@ -1,4 +1,4 @@
-"""What every tab shares: turning a bad selection into a message instead of a crashed page."""
+"""What every tab shares: errors as messages, run pickers, display formatting, and one empty-state rule."""
 
 from __future__ import annotations
 
@@ -10,6 +10,22 @@ import gradio as gr
 import pandas as pd
 
 from envace.errors import UsageError
+
+# What fills each kind of view, said the same way on every tab.
+FILL = {
+    "runs": "`envace rollout --limit 2 --mode real+shadow` (or `make demo`), or start a job in the **Launch** tab",
+    "episodes": "`envace rollout --limit 2` or `envace eval CHECKPOINT --limit 2`",
+    "pairs": "`envace rollout --limit 2 --mode real+shadow` (the real environment answers, the policy rehearses "
+             "beside it), or train with `--set rollout.shadow_fraction=1.0`",
+    "train": "`envace train experiments/smoke.toml` (seconds on the tiny model)",
+    "sweep": "`envace sweep --name s --models base=tiny --budgets 0,1 --config experiments/smoke.toml`",
+    "memories": "`envace eval default --private parallel --budget 1 --config experiments/smoke.toml`",
+}
+
+
+def empty_note(what: str, fill: str) -> str:
+    """The one empty-state text: what is missing, and the command that produces it."""
+    return f"**No {what} yet.** Produce some with {FILL[fill]}; this page picks it up as it is written."
 
 
 def shown_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -29,8 +45,11 @@ def run_choices(runs: Any, kinds: tuple[str, ...] | None = None, having: set[str
             if (kinds is None or kind in kinds) and (having is None or r in having)]
 
 
-def keep_choice(choices: list[str], current: str | None) -> gr.Dropdown:
+def keep_choice(choices: list[str], current: Any, multiselect: bool = False) -> gr.Dropdown:
     """New choices for a run picker, keeping the user's pick while it is still there (else the newest)."""
+    if multiselect:
+        kept = [c for c in (current or []) if c in choices]
+        return gr.Dropdown(choices=choices, value=kept or choices[:1])
     return gr.Dropdown(choices=choices, value=current if current in choices else (choices[0] if choices else None))
 
 
@@ -38,3 +57,11 @@ def rounded(frame: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Float columns rounded for display; other columns (timestamps, text) as they are."""
     floats = frame.select_dtypes("float").columns
     return frame.assign(**{c: frame[c].round(digits) for c in floats})
+
+
+def percent(value: Any) -> str:
+    return "" if value is None or pd.isna(value) else f"{float(value):.1%}"
+
+
+def score(value: Any) -> str:
+    return "" if value is None or pd.isna(value) else f"{float(value):.3f}"

@@ -1,47 +1,57 @@
-"""The chart tabs: Fidelity, Private rehearsal and Training. Each picks a run, draws the workbench's
-figures for it, and follows new rows while the run writes."""
+"""The chart tabs: Fidelity, Private rehearsal and Training. Each picks runs, draws the workbench's figures for
+them on first open and whenever the pick changes, follows a run that is still writing, and says what is
+missing (and which command makes it) when there is nothing to draw."""
 
 from __future__ import annotations
 
 import gradio as gr
 import pandas as pd
 
-from apps.common import keep_choice, rounded, run_choices, shown_errors
+from apps.common import empty_note, keep_choice, rounded, run_choices, shown_errors
 from workbench import Workbench, figures
 
 _ALL = "all runs"
 
 
-def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
+def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+    note = gr.Markdown(elem_id="fidelity-note")
     run = gr.Dropdown(label="run", choices=[_ALL], value=_ALL, allow_custom_value=True, elem_id="fidelity-run")
-    table = gr.Dataframe(label="per tool (copied = verbatim one of its few-shot examples)", interactive=False,
-                         max_height=260)
+    table = gr.Dataframe(label="per tool (copied = verbatim one of its few-shot examples; malformed = no usable "
+                               "rehearsal)", interactive=False, max_height=260)
     with gr.Row():
         bars = gr.Plot(label="per tool")
         calibration = gr.Plot(label="fidelity vs success")
-    over_training = gr.Plot(label="fidelity over training (train runs)")
+    over_training = gr.Plot(label="fidelity over training", visible=False)
 
     @shown_errors
     def draw(run_id):
         scoped = None if run_id in (None, _ALL) else run_id
         by_tool = wb.fidelity_by_tool(scoped)
-        per_episode = wb.calibration(scoped)
-        over = wb.fidelity_over_training(scoped) if scoped else pd.DataFrame(columns=["step", "source", "name",
-                                                                                     "value"])
-        return (rounded(by_tool), figures.fidelity_bars(by_tool), figures.calibration(per_episode),
-                figures.fidelity_over_training(over))
+        if by_tool.empty:
+            return (empty_note("pairs of real and rehearsed responses" + (f" in `{scoped}`" if scoped else ""),
+                               "pairs"), None, None, None, gr.Plot(visible=False))
+        overall = by_tool[by_tool["tool"] == "all"].iloc[0]
+        said = ""
+        if overall["malformed"] == 1:
+            said = (f"**Every one of the {int(overall['pairs'])} rehearsals was malformed** (no usable "
+                    "`<execution_result>`): there is nothing to compare, so every score is 0.")
+        is_train = scoped is not None and scoped in set(run_choices(wb.runs(), kinds=("train",)))
+        over = figures.fidelity_over_training(wb.fidelity_over_training(scoped)) if is_train else None
+        return (said, rounded(by_tool), figures.fidelity_bars(by_tool[by_tool["tool"] != "all"]),
+                figures.calibration(wb.calibration(scoped)), gr.Plot(value=over, visible=is_train))
 
     def choices(current):
-        return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs") | wb.runs_with("metrics"))],
-                           current)
+        return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
 
     gr.on([app.load, timer.tick], choices, run, run)
-    run.change(draw, run, [table, bars, calibration, over_training], api_name="fidelity")
+    gr.on([app.load, run.change], draw, run, [note, table, bars, calibration, over_training], api_name="fidelity")
+    return run
 
 
-def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
+def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     gr.Markdown("Success against the number of privately imagined attempts N (`envace sweep`); dotted: "
                 "private-rehearsal tokens per episode on the second axis.")
+    note = gr.Markdown(elem_id="rehearsal-note")
     with gr.Row():
         sweep = gr.Dropdown(label="sweep", choices=[], value=None, allow_custom_value=True)
         metric = gr.Radio(["success_rate", "checklist", "well_formed_rate"], value="checklist", label="metric")
@@ -56,8 +66,10 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
 
     @shown_errors
     def draw(sweep_id, metric):
-        frame = wb.sweep(sweep_id) if sweep_id else wb.sweep().iloc[0:0]
-        return figures.budget_curves(frame, metric), rounded(frame)
+        if not sweep_id:
+            return empty_note("budget sweep", "sweep"), None, None
+        frame = wb.sweep(sweep_id)
+        return "", figures.budget_curves(frame, metric), rounded(frame)
 
     @shown_errors
     def list_turns(run_id):
@@ -77,38 +89,47 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
                 keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run))
 
     gr.on([app.load, timer.tick], choices, [sweep, run], [sweep, run])
-    gr.on([sweep.change, metric.change], draw, [sweep, metric], [curves, cells], api_name="budget_curves")
+    gr.on([app.load, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
+          api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed])
+    return sweep
 
 
-def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
+def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+    note = gr.Markdown(elem_id="training-note")
     with gr.Row():
-        run = gr.Dropdown(label="train run", choices=[], value=None, allow_custom_value=True, scale=3)
+        runs = gr.Dropdown(label="train runs (several overlay their curves)", choices=[], value=[], multiselect=True,
+                           allow_custom_value=True, scale=3, elem_id="training-runs")
         phase = gr.Radio(["grpo", "sft", "eval"], value="grpo", label="phase", scale=2)
+        smoothing = gr.Slider(0, 0.95, value=0, step=0.05, label="smoothing (moving average)", scale=1)
     curves = gr.Plot()
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
 
     @shown_errors
-    def draw(run_id, phase):
-        if not run_id:
-            return None, None
-        long = wb.training(run_id, phase)
+    def draw(run_ids, phase, smoothing):
+        run_ids = [r for r in (run_ids or []) if r]
+        if not run_ids:
+            return empty_note("training runs", "train"), None, None
+        long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
         if long.empty:
-            return None, pd.DataFrame({"note": [f"no {phase} metrics stored for {run_id} yet"]})
+            return f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None
         names = figures.TRAINING_METRICS if phase == "grpo" else tuple(sorted(set(long["name"])))
-        last = long[long["step"] == long["step"].max()].pivot_table(index="name", columns="role", values="value")
-        return figures.training_curves(long, names), rounded(last.reset_index(), 4)
+        last = long[long["step"] == long.groupby("run_id")["step"].transform("max")]
+        table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
+        table.columns = [" · ".join(map(str, c)) for c in table.columns]
+        return "", figures.training_curves(long, names, smoothing), rounded(table.reset_index(), 4)
 
     def choices(current):
-        return keep_choice(run_choices(wb.runs(), kinds=("train",)), current)
+        return keep_choice(run_choices(wb.runs(), kinds=("train",)), current, multiselect=True)
 
-    gr.on([app.load, timer.tick], choices, run, run)
-    def follow(run_id, phase):
-        # only a run that is still writing gets new points; redrawing a finished one would reset the zoom
-        runs = wb.runs()
-        live = run_id in set(runs[runs["status"] == "running"]["run_id"])
-        return draw(run_id, phase) if live else (gr.skip(), gr.skip())
+    def follow(run_ids, phase, smoothing):
+        # only runs still writing get new points; redrawing finished ones would reset the zoom
+        running = set(wb.runs().query("status == 'running'")["run_id"])
+        return draw(run_ids, phase, smoothing) if set(run_ids or []) & running else (gr.skip(),) * 3
 
-    gr.on([run.change, phase.change], draw, [run, phase], [curves, table], api_name="training")
-    timer.tick(follow, [run, phase], [curves, table])
+    gr.on([app.load, timer.tick], choices, runs, runs)
+    gr.on([app.load, runs.change, phase.change, smoothing.release], draw, [runs, phase, smoothing],
+          [note, curves, table], api_name="training")
+    timer.tick(follow, [runs, phase, smoothing], [note, curves, table])
+    return runs

@@ -9,11 +9,11 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from apps.common import keep_choice, rounded, run_choices, shown_errors
+from apps.common import empty_note, keep_choice, rounded, run_choices, shown_errors
 from apps.render import episode_html, tokens_html
 from workbench import Workbench
 
-EPISODE_COLUMNS = ["episode_id", "task_uid", "success", "checklist", "fidelity", "termination", "n_calls",
+EPISODE_COLUMNS = ["episode_id", "phase", "task_uid", "success", "checklist", "fidelity", "termination", "n_calls",
                    "n_parse_errors", "n_rehearsal_errors"]
 _ANY = "any"
 
@@ -22,7 +22,8 @@ def _flag(choice: str) -> bool | None:
     return None if choice == _ANY else choice == "yes"
 
 
-def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
+def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+    note = gr.Markdown(elem_id="inspector-note")
     with gr.Row():
         run = gr.Dropdown(label="run", choices=[], value=None, allow_custom_value=True, scale=2,
                           elem_id="inspector-run")
@@ -43,7 +44,8 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
         episode = gr.Dropdown(label="episode", choices=[], value=None, allow_custom_value=True, scale=3,
                               elem_id="inspector-episode")
         roles = gr.CheckboxGroup(["caller", "rehearser"], value=["caller", "rehearser"], label="roles", scale=2)
-        token_view = gr.Checkbox(label="token view", value=False, scale=1)
+        token_view = gr.Radio(["off", "log-prob", "advantage"], value="off", label="token view, coloured by",
+                              scale=2)
         export = gr.Button("export episode (JSONL)", scale=1)
     download = gr.File(label="export", visible=False)
     view = gr.HTML(elem_id="inspector-view")
@@ -65,7 +67,10 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
             return "<div class='empty'>Pick a run and an episode.</div>"
         steps = wb.steps(run_id, episode_id)
         body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id)
-        return body + (tokens_html(steps) if tokens else "")
+        if tokens in (None, "off", False):
+            return body
+        shown = steps[steps["role"].isin(roles)] if roles else steps
+        return body + tokens_html(shown, wb.tokenizer(run_id), "advantage" if tokens == "advantage" else "logprob")
 
     def pick(frame: pd.DataFrame, evt: gr.SelectData):
         return frame.iloc[evt.index[0]]["episode_id"]
@@ -95,6 +100,8 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> None:
     def runs_with_episodes(current, request: gr.Request):
         # `?run=NAME` in the page's address opens that run first: a link to a run can be shared
         wanted = current or request.query_params.get("run")
-        return keep_choice(run_choices(wb.runs(), having=wb.runs_with("episodes")), wanted)
+        choices = run_choices(wb.runs(), having=wb.runs_with("episodes"))
+        return keep_choice(choices, wanted), "" if choices else empty_note("episodes", "episodes")
 
-    gr.on([app.load, timer.tick], runs_with_episodes, run, run)
+    gr.on([app.load, timer.tick], runs_with_episodes, run, [run, note])
+    return run

@@ -13,6 +13,18 @@ import pandas as pd
 from workbench.diff import json_diff
 
 KIND_COLOURS = {"missing": "#fde2e1", "added": "#dff3e4", "type_changed": "#fff1c2", "value_changed": "#e3ecfb"}
+KIND_LABELS = {"missing": "missing from the rehearsal", "added": "invented by the rehearser",
+               "type_changed": "another JSON type", "value_changed": "another value"}
+# Stored enum values as a reader says them.
+AGREEMENT_LABELS = {"both_ok": "both succeeded", "both_error": "both failed", "false_error": "rehearsal invented a "
+                    "failure", "missed_error": "rehearsal missed a failure", "no_rehearsal": "no usable rehearsal"}
+ERROR_LABELS = {"json_decode_error": "the call's JSON does not parse", "unbalanced_tags": "unbalanced <tool_call> "
+                "tags", "not_a_call": "a <tool_call> block with no call", "missing_name": "a call without a name",
+                "bad_arguments": "arguments that are not an object", "missing_result": "no <execution_result>",
+                "unclosed_result": "an unclosed <execution_result> (cut off?)", "several_results": "several results",
+                "invalid_json": "a result that is not JSON", "empty_result": "an empty result",
+                "too_long": "a result over 20,000 characters"}
+SOURCE_LABELS = {"real": "the real environment", "rehearsed": "the rehearser", "gold": "the gold prefix (replayed)"}
 _SIDE = "flex:1;min-width:0"  # two equal columns however long a response is
 _WRAP = "white-space:pre-wrap;overflow-wrap:anywhere"
 ROLE_COLOURS = {"caller": "#e8f0fe", "rehearser": "#fef3e2", "summariser": "#eef7ee"}
@@ -64,29 +76,53 @@ def _score(value: Any) -> str:
     return "–" if _missing(value) else f"{float(value):.2f}"
 
 
+def _label(labels: dict[str, str], value: Any) -> str:
+    text = _text(value)
+    return labels.get(text, text)
+
+
+def _json_cell(value: Any, present: bool) -> str:
+    """A side of the diff table: the value as JSON (`null` is a JSON null), or an absent key, said so."""
+    if not present:
+        return '<em class="absent">absent</em>'
+    return escape(json.dumps(value, ensure_ascii=False)[:120])
+
+
+def legend_html() -> str:
+    """What the marks in the responses mean."""
+    items = "".join(f'<span class="legend legend-{kind}" style="background:{colour};margin-right:10px;padding:0 3px">'
+                    f"{escape(KIND_LABELS[kind])}</span>" for kind, colour in KIND_COLOURS.items())
+    return f'<div class="diff-legend">marks: {items}</div>'
+
+
+def _no_diff(error: Any) -> str:
+    return f"malformed rehearsal: {escape(_label(ERROR_LABELS, error))}" if _text(error) else "no structural difference"
+
+
 def pair_html(call: dict[str, Any]) -> str:
     """One call: name and arguments, then real | rehearsed side by side, the diff, and the scores."""
     header = (f'<div class="call-head"><code>{escape(str(call["name"]))}({escape(str(call["arguments"]))})</code>'
-              f' <span class="fed">caller saw: {escape(str(call["source"]))}</span></div>')
+              f' <span class="fed">the caller saw the answer of {escape(_label(SOURCE_LABELS, call["source"]))}'
+              "</span></div>")
     real, rehearsed = call.get("real_response"), call.get("rehearsed_response")
     if real is None and rehearsed is None:  # one-sided run: only the response the caller saw
         return (f'<div class="call">{header}<pre class="response {escape(str(call["source"]))}">'
                 f'{response_html(call["response"], {})}</pre></div>')
     changes = json_diff(real, rehearsed) if real is not None and rehearsed is not None else []
     real_marks = {c.path: c.kind for c in changes if c.kind != "added"}
-    rehearsed_marks = {c.path: c.kind for c in changes if c.kind != "missing"}
+    rehearsed_marks = {c.at_rehearsed: c.kind for c in changes if c.kind != "missing"}
     error = call.get("rehearsal_error")
     rows = "".join(f'<tr style="background:{KIND_COLOURS[c.kind]}"><td><code>{escape(c.path)}</code></td>'
-                   f"<td>{c.kind}</td><td>{escape(json.dumps(c.real, ensure_ascii=False)[:120])}</td>"
-                   f"<td>{escape(json.dumps(c.rehearsed, ensure_ascii=False)[:120])}</td>"
+                   f"<td>{escape(KIND_LABELS[c.kind])}</td><td>{_json_cell(c.real, c.kind != 'added')}</td>"
+                   f"<td>{_json_cell(c.rehearsed, c.kind != 'missing')}</td>"
                    f"<td>{'' if c.drift is None else f'{c.drift:+g}'}</td></tr>" for c in changes)
     diff = (f'<table class="diff"><tr><th>path</th><th>change</th><th>real</th><th>rehearsed</th><th>drift</th></tr>'
             f"{rows}</table>" if changes else
-            f'<div class="diff-none">{"malformed rehearsal: " + escape(error) if error else "no structural difference"}'
-            "</div>")
+            f'<div class="diff-none">{_no_diff(error)}</div>')
     changed = call.get("decision_changed")
     scores = (f'<div class="scores">exact {_score(call.get("exact"))} · structure F1 {_score(call.get("structure_f1"))}'
-              f' · value acc {_score(call.get("value_acc"))} · errors {escape(str(call.get("error_agreement")))}'
+              f' · value acc {_score(call.get("value_acc"))} · '
+              f'{escape(_label(AGREEMENT_LABELS, call.get("error_agreement")))}'
               f' · embedding cos {_score(call.get("embed_cos"))}'
               f' · decision changed: {"–" if changed is None or pd.isna(changed) else ("yes" if changed else "no")}'
               "</div>")
@@ -113,9 +149,19 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
     rehearser_rows = {(r["turn"], r["turn_step"], r["call_index"]): r for r in steps.to_dict("records")
                       if r["role"] == "rehearser"}
     calls_at: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    gold = []
     for call in calls.to_dict("records"):
-        calls_at.setdefault((call["turn"], call["turn_step"]), []).append(call)
-    parts: list[str] = []
+        if call["source"] == "gold":
+            gold.append(call)
+        else:
+            calls_at.setdefault((call["turn"], call["turn_step"]), []).append(call)
+    parts: list[str] = [legend_html()]
+    if gold:  # a turn episode: what was replayed before the turn the policy played
+        turns = sorted({c["turn"] for c in gold})
+        listing = "".join(f"<li>turn {c['turn'] + 1}: <code>{escape(str(c['name']))}({escape(str(c['arguments']))})"
+                          f"</code> → {escape(_text(c['response'])[:120])}</li>" for c in gold)
+        parts.append(f'<details class="gold-prefix"><summary>gold prefix: turns 1–{turns[-1] + 1} replayed from the '
+                     f"reference ({len(gold)} calls), not generated</summary><ul>{listing}</ul></details>")
     for row in steps.to_dict("records"):
         if row["role"] != "caller":
             continue
@@ -123,7 +169,7 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
             parts.append(f'<h4>Turn {row["turn"] + 1}</h4><div class="user"><b>user</b> '
                          f'{escape(_text(row["user_message"]))}</div>')
         if "caller" in roles:
-            error = (f' <span class="error">parse error: {escape(_text(row["parse_error"]))}</span>'
+            error = (f' <span class="error">malformed: {escape(_label(ERROR_LABELS, row["parse_error"]))}</span>'
                      if _text(row["parse_error"]) else "")
             parts.append(f'<div class="caller" style="background:{ROLE_COLOURS["caller"]}"><b>caller</b> · step '
                          f'{row["turn_step"]} · {row["tokens"]} tokens · {_reward(row)}{error}'
@@ -137,17 +183,45 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
     return opening + "\n".join(parts) + "</div>"
 
 
-def tokens_html(steps: pd.DataFrame) -> str:
-    """Every generation coloured by role; the mean log-probability of its tokens when stored."""
+def _shade(value: float, scale: float) -> str:
+    """Red for negative, green for positive, white at 0; `scale` is the magnitude of full colour."""
+    x = max(-1.0, min(1.0, value / scale)) if scale else 0.0
+    r, g, b = (255, int(255 * (1 + x)), int(255 * (1 + x))) if x < 0 else (int(255 * (1 - x)), 255, int(255 * (1 - x)))
+    return f"rgb({r},{g},{b})"
+
+
+def tokens_html(steps: pd.DataFrame, tokenizer=None, colour: str = "logprob") -> str:
+    """Every generation token by token, each in its role's frame: coloured by its stored log-probability (white =
+    certain, red = unlikely) or by the advantage its row was trained with (green = reinforced, red = pushed
+    down). Hover a token for its value. Without a tokenizer the generations are shown whole."""
     parts = []
     for row in steps.to_dict("records"):
+        role = str(row["role"])
         logprobs = row.get("logprobs")
-        mean = (f" · mean logprob {sum(logprobs) / len(logprobs):.2f}"
-                if logprobs is not None and len(logprobs) else "")
-        parts.append(f'<span class="gen {row["role"]}" style="background:{ROLE_COLOURS.get(row["role"], "#eee")}" '
-                     f'title="{row["role"]} · turn {row["turn"]} step {row["turn_step"]}{mean}">'
-                     f'{escape(str(row["completion_text"]))}</span>')
-    return '<pre class="tokens" style="white-space:pre-wrap">' + "".join(parts) + "</pre>"
+        logprobs = [] if logprobs is None or (isinstance(logprobs, float) and pd.isna(logprobs)) else list(logprobs)
+        advantage = row.get("advantage")
+        head = (f'<div class="gen-head"><b>{escape(role)}</b> · turn {row["turn"] + 1} step {row["turn_step"]}'
+                f' · {_reward(row)}</div>')
+        ids = row.get("completion_ids")
+        if tokenizer is None or ids is None or len(ids) == 0:
+            body = escape(_text(row["completion_text"]))
+        else:
+            spans = []
+            for k, token in enumerate(ids):
+                text = tokenizer.decode([int(token)])
+                lp = float(logprobs[k]) if k < len(logprobs) else None
+                if colour == "advantage":
+                    shade = None if _missing(advantage) else _shade(float(advantage), 1.0)
+                else:
+                    shade = None if lp is None else _shade(lp, 5.0)
+                tip = f"{token}: logprob {'–' if lp is None else f'{lp:.2f}'}"
+                style = f' style="background:{shade}"' if shade else ""
+                spans.append(f'<span class="tok" title="{escape(tip)}"{style}>{escape(text)}</span>')
+            body = "".join(spans)
+        parts.append(f'<div class="gen {escape(role)}" style="border-left:4px solid '
+                     f'{ROLE_COLOURS.get(role, "#ccc")};padding-left:6px;margin:4px 0">{head}'
+                     f'<pre style="white-space:pre-wrap;margin:0">{body}</pre></div>')
+    return '<div class="tokens">' + "".join(parts) + "</div>"
 
 
 def empty_state(root: str) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import sys
+import threading
 import time
 import tomllib
 import typing
@@ -92,7 +94,8 @@ class _LiveReporter(Reporter):
 
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
-                  "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns")
+                  "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns", "backend",
+                  "thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to")
 _PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
                   "measure_change": "measure_change"}  # flag → field of [rollout.private]
 _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",
@@ -277,6 +280,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     root = runs_root(args.root)
     warnings: list[str] = []
     runs = list_runs(root, warnings)
+    from envace.store import open_store
+
+    warnings = open_store(root)[1].warnings  # the shards skipped too, as the app lists them
     console = _console()
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False)
@@ -354,6 +360,33 @@ def _no_pairs_hint(meta: dict[str, Any]) -> str:
     return "rerun with --mode real+shadow or rehearse+shadow"
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from envace.export import export_run
+
+    rows = export_run(runs_root(args.root), args.run, args.format, args.out)
+    print(f"exported {args.run} to {args.out} ({args.format}): "
+          + ", ".join(f"{table} {n}" for table, n in rows.items()))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from envace.doctor import findings
+
+    root = runs_root(args.root)
+    found = findings(root)
+    console = _console()
+    if not found:
+        console.print(f"{root}: no problems found")
+        return 0
+    table = Table("problem", "where", "what to do", title=f"{len(found)} problem(s) in {root}")
+    for row in found:
+        table.add_row(*row)
+    console.print(table)
+    return 1
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from envace.store import migrate
 
@@ -371,6 +404,8 @@ def cmd_check_env(args: argparse.Namespace) -> int:
 
     benchmark = registry.get(args.env)
     console = _console()
+    if args.stats:
+        return _gold_stats(benchmark, args.model, console)
     passed = total = 0
     for category in benchmark.categories:
         with console.status(f"replaying {category} …"):
@@ -379,6 +414,36 @@ def cmd_check_env(args: argparse.Namespace) -> int:
         console.print(f"{category:<28} {ok}/{n}" + (f"  failed: {', '.join(failures[:5])}" if failures else ""))
     console.print(f"[bold]{passed}/{total}[/] ground-truth trajectories pass the official checker")
     return 0 if passed == total else 1
+
+
+def _gold_stats(benchmark, model: str, console) -> int:
+    """Per category and split, for `model`'s tokenizer: gold call-message lengths and gold calls per turn, and
+    the budgets `auto` resolves to."""
+    from rich.table import Table
+
+    from envace import units
+    from envace.policy.models import tokenizer_for
+
+    tokenizer = tokenizer_for(model)
+    table = Table("category", "split", "calls", "tokens p50", "p90", "p95", "max", "> 48", "> 64", "calls/turn",
+                  "turns with 1-3", "auto max_new_tokens",
+                  title=f"gold calls of {benchmark.name}, tokenizer of {model}")
+    for category in benchmark.categories:
+        for split in ("train", "test"):
+            stats = units.gold_stats(benchmark.load_tasks(category, split), tokenizer)
+            lengths, calls = stats["message_tokens"], stats["calls_per_turn"]
+            if not lengths:
+                table.add_row(category, split, "0", *["-"] * 9)
+                continue
+            p50, p90, p95 = (str(units.percentile(lengths, q)) for q in (0.5, 0.9, 0.95))
+            table.add_row(category, split, str(len(lengths)), p50, p90, p95, str(max(lengths)),
+                          f"{sum(n > 48 for n in lengths) / len(lengths):.0%}",
+                          f"{sum(n > 64 for n in lengths) / len(lengths):.0%}",
+                          f"{sum(calls) / len(calls):.2f} (max {max(calls)})",
+                          f"{sum(1 <= c <= 3 for c in calls)}/{len(calls)}",
+                          str(units.percentile(lengths, 0.95) + units.TOKEN_MARGIN) if split == "train" else "")
+    console.print(table)
+    return 0
 
 
 def _port(text: str) -> int:
@@ -398,6 +463,22 @@ def _host(text: str) -> str:
         except ValueError:
             raise UsageError(f"--host: expected an IP address to bind (e.g. 127.0.0.1), got '{text}'") from None
     return text
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """An OpenAI-compatible vLLM server on a model until Ctrl-C (`envace serve default --port 8000`)."""
+    from envace.policy import vllm
+    from envace.policy.specs import check_model_spec, model_dir
+
+    check_model_spec(args.model)
+    if args.lora is not None and not 1 <= args.lora <= vllm.MAX_LORA_RANK:
+        raise UsageError(f"--lora: adapter rank must be in 1..{vllm.MAX_LORA_RANK}, got {args.lora}")
+    server = vllm.start(model_dir(args.model), name=args.name, port=args.port, host=args.host, lora_rank=args.lora,
+                        max_model_len=args.max_model_len, dtype=args.dtype)
+    print(f"serving {args.model} as '{args.name}' at {server.url} (Ctrl-C stops it); use it with "
+          f"--model '{server.url}?model={args.name}&tokenizer={args.model}'", flush=True)
+    vllm.serve_forever(server)
+    return 0
 
 
 def _run_module(module: str, argv: list[str]) -> int:
@@ -420,7 +501,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                *(["--keep", str(args.keep)] if args.keep else [])])
     from envace import bench
 
-    if args.what == "train":
+    if args.what == "train" and args.backend == "vllm":
+        bench.bench_train_vllm(model=args.model, tasks=args.limit, console=_console())
+    elif args.what == "train":
         bench.bench_train(model=args.model, tasks=args.limit, console=_console())
     elif args.what == "private":
         budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip().isdigit())
@@ -428,6 +511,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"--budgets takes comma-separated N >= 1, got '{args.budgets}'")
         bench.bench_private(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
                             budgets=budgets, console=_console())
+    elif args.what == "rollout" and args.backend == "vllm":
+        bench.bench_rollout_vllm(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                                 console=_console())
     else:
         run = {"rollout": bench.bench_rollout, "rehearsal": bench.bench_rehearsal}[args.what]
         run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=_console())
@@ -487,6 +573,8 @@ def _bench_command(sub) -> None:
     p.add_argument("what", choices=["rollout", "rehearsal", "train", "private", "store"])
     p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (default: 1,2)")
     p.add_argument("--model", default="default", help="model spec (default: default)")
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                   help="rollout/train: vllm also measures a vLLM server, side by side (default: hf)")
     p.add_argument("--limit", type=int, default=2,
                    help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
                         "whose reference rows form the batch (default: 2)")
@@ -514,6 +602,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+    p = sub.add_parser("serve", help="an OpenAI-compatible vLLM server on a model (from .venv-vllm: `make vllm`)")
+    p.add_argument("model", help="default, tiny, a checkpoint folder, or an id in the local Hugging Face cache")
+    p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
+    p.add_argument("--name", default="base", help="the name requests use for the model (default: base)")
+    p.add_argument("--lora", type=int, default=None, metavar="RANK",
+                   help="accept LoRA adapters up to this rank, hot-loaded at run time (default: none)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context length (default: the model's own, at most 32768)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights' dtype (default: float32; bfloat16 on a GPU)")
+    p.set_defaults(func=cmd_serve)
     p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
     p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=7860, help="port (default: 7860)")
@@ -525,8 +625,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     _with_root(sub.add_parser("migrate", help="convert runs stored under the old table and column names")
                ).set_defaults(func=cmd_migrate)
+    _with_root(sub.add_parser("doctor", help="every problem in a store, and what to do about it")
+               ).set_defaults(func=cmd_doctor)
+    p = _with_root(sub.add_parser("export", help="one run's tables as a Hugging Face dataset, Parquet or JSONL"))
+    p.add_argument("run")
+    p.add_argument("out", type=Path, help="the folder to write (new or empty)")
+    p.add_argument("--format", default="hf-datasets", help="hf-datasets | parquet | jsonl (default: hf-datasets)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
     p.add_argument("env", help="benchmark name: bfcl or tau2")
+    p.add_argument("--stats", action="store_true", help="instead: gold call-message lengths and calls per turn, "
+                                                        "and the budgets `auto` resolves to")
+    p.add_argument("--model", default="default",
+                   help="--stats: whose tokenizer counts the tokens (default: default)")
     p.set_defaults(func=cmd_check_env)
     _bench_command(sub)
     return parser
@@ -543,18 +654,30 @@ def _deprecated(argv: list[str]) -> list[str]:
     return out
 
 
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`, a job scheduler, the app's Stop): handled as Ctrl-C is."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         args = build_parser().parse_args(_deprecated(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted: every completed step is stored", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as exc:
+        # a step is stored whole or not at all (shards are renamed into place): nothing half-written remains
+        print(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: every completed step is stored; "
+              "the run is marked interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def check_field(name: str, value: Any, hint: Any) -> None:
 def at_least(config: Any, minimum: float, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
-        if value is not None and value < minimum:
+        if isinstance(value, int | float) and value < minimum:
             raise UsageError(f"{name}: must be at least {minimum:g}, got {value!r}")
 
 
@@ -212,8 +212,15 @@ class RolloutConfig(Config):
                      "default")
     group_size: int = doc("rollouts per task (GRPO's G)", 1)
     batch_size: int = doc("episodes advanced together; one store shard per batch", 8)
-    max_steps_per_turn: int = doc("caller messages per user turn before the episode is cut (BFCL: 20)", 20)
-    max_new_tokens: int = doc("token budget of one caller message", 256)
+    max_steps_per_turn: int | Literal["auto"] = doc(
+        "caller messages per user turn before the episode is cut (BFCL: 20); auto = the turn's gold calls + 1", 20)
+    max_new_tokens: int | Literal["auto"] = doc(
+        "token budget of one caller message; auto = the 95th percentile of gold call messages + 16", 256)
+    unit: Literal["episode", "turn"] = doc("what an episode covers: episode (a whole task) | turn (one user turn "
+                                           "after its gold prefix, rewarded on that turn)", "episode")
+    min_turn_calls: int = doc("unit turn: turns with at least this many gold calls", 1)
+    max_turn_calls: int = doc("unit turn: turns with at most this many gold calls (and every gold call message "
+                              "within max_new_tokens)", 3)
     temperature: float = doc("sampling temperature; 0 = greedy", 0.0)
     top_p: float = doc("nucleus sampling mass, in (0, 1]", 1.0)
     seed: int = doc("seed for sampling", 0)
@@ -232,6 +239,12 @@ class RolloutConfig(Config):
     frozen_rehearser: bool = doc("rehearse with the base weights, adapters off (caller-only training)", False)
     embedding: bool = doc("embedding cosine for pairs (all-MiniLM-L6-v2, offline)", True)
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
+    thinking: bool = doc("let models with a thinking mode (Qwen3) think before answering; `<think>` blocks are "
+                         "stripped before any output is parsed", False)
+    backend: Literal["hf", "vllm"] = doc("generation: hf (transformers in this process) | vllm (a vLLM server "
+                                         "started for the model from .venv-vllm, see `make vllm`)", "hf")
+    report_to: Literal["none", "trackio", "tensorboard", "wandb"] = doc(
+        "mirror the job's results to an experiment tracker (a sweep: one step per cell)", "none")
     user_model: str = doc("simulated users (τ²): the model playing the user, local or `http://…/v1?model=NAME` "
                           "(an OpenAI-compatible server); empty = the policy itself", "")
     user_max_new_tokens: int = doc("simulated users: token budget of one user message", 128)
@@ -249,7 +262,10 @@ class RolloutConfig(Config):
             raise UsageError(f"category: unknown {self.env} category '{self.category}' "
                              f"(choose from {', '.join(benchmark.categories)})")
         at_least(self, 1, "limit", "group_size", "batch_size", "max_steps_per_turn", "max_new_tokens",
-                 "max_batch_tokens", "user_max_new_tokens", "max_user_turns")
+                 "max_batch_tokens", "user_max_new_tokens", "max_user_turns", "min_turn_calls")
+        if self.max_turn_calls < self.min_turn_calls:
+            raise UsageError(f"max_turn_calls: must be at least min_turn_calls ({self.min_turn_calls}), "
+                             f"got {self.max_turn_calls}")
         at_least(self, 0, "offset", "temperature")
         within(self, 0, 1, "decision_sample", "real_fraction", "shadow_fraction")
         if not 0 < self.top_p <= 1:
@@ -321,6 +337,20 @@ class TrainConfig(Config):
                                           "(unset = constant)", None)
     eval_every: int = doc("GRPO steps between evaluations on test-split tasks (0 = none)", 0)
     eval_limit: int = doc("test-split tasks per evaluation (real environment, rehearser as shadow, greedy)", 4)
+    servers: str = doc("vLLM servers to generate rollouts with, already running on the base model: comma-separated "
+                       "`http://HOST:PORT/v1` URLs, `?model=NAME` on one (empty: with rollout.backend = vllm, one "
+                       "is started); the trained weights are pushed to every one after each update", "")
+    vllm_importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
+                                            "(vLLM's differ slightly from the trainer's): each token's weight is "
+                                            "min(pi/pi_sampler, cap); unset = off", None)
+    rehearser_reward: Literal["task", "task+fidelity"] = doc(
+        "task (both roles share the episode's reward, as the reference) | task+fidelity (a rehearsal whose call "
+        "also ran in the real environment, rollout.shadow_fraction > 0, adds fidelity_weight × its fidelity)",
+        "task")
+    fidelity_weight: float = doc("task+fidelity: the weight of a rehearsal's fidelity in its row's reward", 0.5)
+    report_to: Literal["none", "trackio", "tensorboard", "wandb"] = doc(
+        "mirror every stored metric to an experiment tracker (trackio: local-first; tensorboard: <run>/tensorboard; "
+        "wandb: when installed)", "none")
     variant: Literal["envace", "caller_only", "real_env"] = doc(
         "envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, needs lora) | "
         "real_env (environment answers; only the caller is trained)", "envace")
@@ -341,6 +371,7 @@ class TrainConfig(Config):
 
         at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit")
         at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
+        at_least(self, 1, "vllm_importance_cap")
         within(self, 0, 1, "real_fraction_end")
         for name in ("lr", "sft_lr"):
             if getattr(self, name) <= 0:
@@ -348,6 +379,11 @@ class TrainConfig(Config):
         if self.variant == "caller_only" and not self.lora:
             raise UsageError("variant: caller_only needs lora = true: the frozen rehearser is the base model "
                              "with the caller's adapters switched off")
+        if self.rehearser_reward == "task+fidelity" and not (self.rollout.shadow_fraction > 0 and
+                                                             self.variant == "envace"):
+            raise UsageError("rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real response "
+                             "beside each rehearsal) and variant envace (a trained rehearser)")
+        at_least(self, 0, "fidelity_weight")
         if self.fsdp and self.shard_optimizer:
             raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
         check_model_spec(self.model)

@@ -77,7 +77,7 @@ def valid_json(rehearsed: str | None) -> float:
     try:
         json.loads(rehearsed)
         return 1.0
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # malformed, or past the int-digit or nesting limits
         return 0.0
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from envace import record, rewards
+from envace import record, rewards, units
 from envace.config import RolloutConfig, TrainConfig
 from envace.envs import registry
 from envace.errors import UsageError
@@ -53,14 +53,19 @@ def _examples(cfg: RolloutConfig, benchmark):
 
 def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None = None, tasks=None,
          user_backend=None, phase: str = "rollout") -> record.Summary:
-    """Play every task of `cfg` `group_size` times, one batch at a time, writing each batch as a step of `run`."""
+    """Play every task of `cfg` `group_size` times, one batch at a time, writing each batch as a step of `run`.
+
+    `tasks` defaults to `units.select(cfg)`'s (which also resolves an `auto` token budget).
+    """
     import time
 
     from envace.rehearsal.build import build_engine
 
     reporter = reporter or Reporter()
     benchmark = registry.get(cfg.env)
-    tasks = tasks if tasks is not None else benchmark.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
+    if tasks is None or cfg.max_new_tokens == units.AUTO:
+        cfg, selected = units.select(cfg, benchmark, backend.tokenizer)
+        tasks = selected if tasks is None else tasks
     engine = build_engine(backend, benchmark, cfg, _examples(cfg, benchmark), user_backend)
     engine.on_step = reporter.step
     summary, started = record.Summary(), time.perf_counter()
@@ -85,27 +90,59 @@ def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None 
                 reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
     """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary)."""
     from envace.policy import load_backend
+    from envace.policy.models import tokenizer_for
 
     reporter = reporter or Reporter()
     benchmark = registry.get(cfg.env)
-    tasks = benchmark.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset)
+    tokenizer = backend.tokenizer if backend is not None else tokenizer_for(cfg.model)
+    cfg, tasks = units.select(cfg, benchmark, tokenizer)  # turn units and `auto` budgets, before any model loads
     if not tasks:
         raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
     private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
-    reporter.say(f"{kind} {len(tasks)} {cfg.env} {cfg.category} {cfg.split} task(s) × {cfg.group_size}, "
-                 f"mode {cfg.mode}{private}, model {cfg.model}")
-    if backend is None:
-        reporter.say("loading model …")
-        backend = load_backend(cfg.model, cfg.max_batch_tokens)
-    user_backend = None
-    if cfg.user_model and any(t.simulated_user for t in tasks):
-        reporter.say(f"loading the simulated user's model {cfg.user_model} …")
-        user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens)
-    run = Run.create(root, kind, asdict(cfg), cfg.model, name)
-    with run.running():
-        summary = play(cfg, run, backend, reporter, tasks, user_backend).as_dict()
+    unit = "turn(s)" if cfg.unit == "turn" else "task(s)"
+    reporter.say(f"{kind} {len(tasks)} {cfg.env} {cfg.category} {cfg.split} {unit} × {cfg.group_size}, "
+                 f"mode {cfg.mode}{private}, model {cfg.model}, {cfg.max_new_tokens} new tokens per message")
+    owned = []  # backends (and their servers) this job starts, and stops when it ends
+    try:
+        if backend is None:
+            reporter.say("loading model …")
+            backend = load_backend(cfg.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
+            owned.append(backend)
+        user_backend = None
+        if cfg.user_model and any(t.simulated_user for t in tasks):
+            reporter.say(f"loading the simulated user's model {cfg.user_model} …")
+            user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
+            owned.append(user_backend)
+        run = Run.create(root, kind, asdict(cfg), cfg.model, name)
+        with run.running():
+            summary = play(cfg, run, backend, reporter, tasks, user_backend).as_dict()
+        _report(cfg.report_to, run, asdict(cfg), [(0, {kind: _numbers(summary)})])
+    finally:
+        _close(owned)
     run.update(status="completed", summary=summary)
     return run, summary
+
+
+def _numbers(summary: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _report(report_to: str, run: Run, config: dict[str, Any], steps: list[tuple[int, dict[str, dict[str, float]]]]):
+    """A finished job's numbers to its experiment tracker, one step at a time."""
+    from envace.trackers import keyed, open_tracker
+
+    if report_to == "none":
+        return
+    tracker = open_tracker(report_to, run, config)
+    for step, values in steps:
+        tracker.log(keyed("result", values), step)
+    tracker.close()
+
+
+def _close(backends: list) -> None:
+    for backend in backends:
+        if hasattr(backend, "close"):
+            backend.close()
 
 
 def eval_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None,
@@ -127,7 +164,8 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
     root, name = Path(root), check_run_id(name)
     grid = sweep.cells(models, modes, budgets)
     # every cell's config is checked before the first one runs
-    configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget)) for c in grid]
+    configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget),
+                       report_to="none") for c in grid]  # the sweep reports its table, once
     grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
     if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
         table_run = Run(root, name)
@@ -148,14 +186,20 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
                 shutil.rmtree(root / run_name)  # an unfinished cell is redone from scratch
             reporter.say(f"cell {n}/{len(grid)} {run_name}")
             if cell.model not in backends:
-                backends.clear()  # one model in memory at a time
-                backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens)
+                _close(list(backends.values()))
+                backends.clear()  # one model in memory (one server running) at a time
+                backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
             if hasattr(backends[cell.model], "clear_caches"):
                 backends[cell.model].clear_caches()
             _, summary = eval_job(cell.model, cfg, root, run_name, reporter, backends[cell.model])
             rows.append(sweep.cell_row(name, cell, run_name, summary))
             sweep.write_table(table_run, rows)
         sweep.write_table(table_run, rows)
+    _close(list(backends.values()))
+    _report(base.report_to, table_run, grid_config, [
+        (i, {f"{r['label']}-{r['mode']}": {k: float(r[k] or 0) for k in ("budget", "success_rate", "checklist",
+                                                                           "private_tokens_per_episode")}})
+        for i, r in enumerate(rows)])
     table_run.update(status="completed", summary={"cells": len(rows)})
     return table_run, rows
 

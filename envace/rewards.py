@@ -60,10 +60,14 @@ def call_matches(expected: ToolCall, actual: ToolCall) -> bool:
 
 
 def checklist(task: Task, issued: list[list[ToolCall]]) -> tuple[float, list[list[bool]]]:
-    """(score, passed items per reference turn); `issued[k]` is every call the caller made in turn k."""
+    """(score, passed items per reference turn); `issued[k]` is every call the caller made in turn k.
+
+    A turn task (`start_turn` = s) is scored on its own turns s.. only: the gold prefix is not its doing.
+    """
     detail: list[list[bool]] = []
     total = 0.0
-    for k, reference in enumerate(task.reference):
+    scored = task.reference[task.start_turn:]
+    for k, reference in enumerate(scored, task.start_turn):
         reached = k < len(issued)
         unused = list(issued[k]) if reached else []
         passed = []
@@ -75,7 +79,26 @@ def checklist(task: Task, issued: list[list[ToolCall]]) -> tuple[float, list[lis
         detail.append(passed)
         if reached:
             total += sum(passed) / len(passed) if passed else 1.0
-    return (total / len(task.reference) if task.reference else 0.0), detail
+    return (total / len(scored) if scored else 0.0), detail
+
+
+FIDELITY_PARTS = ("structure_f1", "value_acc", "error_agree")
+
+
+def rehearsal_fidelity(pair: dict) -> float:
+    """How faithful one rehearsal was to the real response: the mean of structure F1, value accuracy and error
+    agreement (`envace.fidelity`), each in [0, 1]; 0 for a malformed rehearsal."""
+    return sum(float(pair[k] or 0.0) for k in FIDELITY_PARTS) / len(FIDELITY_PARTS)
+
+
+def add_fidelity(generations: list, pairs: list[dict], weight: float) -> None:
+    """`task+fidelity`: a rehearser row whose call also ran in the real environment gets `weight` × the fidelity
+    of its rehearsal on top of the task reward (beyond the reference release, which rewards the task only)."""
+    by_call = {(p["turn"], p["turn_step"], p["call_index"]): p for p in pairs}
+    for g in generations:
+        pair = by_call.get((g.turn, g.turn_step, g.call_index)) if g.role == "rehearser" else None
+        if pair is not None:
+            g.reward += weight * rehearsal_fidelity(pair)
 
 
 def share(generations: list, reward: float, roles: tuple[str, ...] = ("caller", "rehearser")) -> None:

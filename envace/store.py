@@ -243,15 +243,36 @@ def list_runs(root: str | Path, warnings: list[str] | None = None) -> list[dict[
     runs = []
     for meta_path in sorted(Path(root).glob("*/run.json")):
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            problem = meta_problem(meta, meta_path.parent.name)
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON
+            problem = "unreadable run.json (not UTF-8 JSON)"
+        if problem:
             if warnings is not None:
-                warnings.append(f"skipped {meta_path}: unreadable run.json")
+                warnings.append(f"skipped run {meta_path.parent.name}: {problem} ({meta_path})")
             continue
         if meta.get("status") == "running" and not _pid_alive(meta.get("pid")):
             meta["status"] = "interrupted"
         runs.append(meta)
     return sorted(runs, key=lambda m: m.get("created_at", 0), reverse=True)
+
+
+_META_TYPES = {"kind": (str,), "status": (str,), "model": (str,), "created_at": (int, float),
+               "updated_at": (int, float), "summary": (dict,), "config": (dict,)}
+
+
+def meta_problem(meta: Any, folder: str) -> str | None:
+    """Why a run.json cannot be trusted (it is not an object, names another run, has a field of the wrong type),
+    or None: a bad one hides its run with a warning, and every other run keeps working."""
+    if not isinstance(meta, dict):
+        return "run.json is not an object"
+    if meta.get("run_id") != folder:
+        return f"run.json names run {meta.get('run_id')!r}, not its folder's name"
+    for key, types in _META_TYPES.items():
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return f"run.json's {key} is {type(value).__name__}, expected {'/'.join(t.__name__ for t in types)}"
+    return None
 
 
 def get_run(root: str | Path, run_id: str) -> dict[str, Any]:
@@ -284,21 +305,47 @@ class StoreIndex:
         return f"read_parquet([{files}], union_by_name = {str(union).lower()})"
 
 
-# (path, size, mtime) -> the shard's column names, or None when unreadable. A shard is immutable once
-# renamed into place, so each footer is read once per process.
-_FOOTERS: dict[tuple[str, int, int], tuple[str, ...] | None] = {}
+# (path, size, mtime) -> (the shard's column names, or None; why not). A shard is immutable once renamed into
+# place, so each footer is read once per process.
+_FOOTERS: dict[tuple[str, int, int], tuple[tuple[str, ...] | None, str | None]] = {}
 
 
 def _columns(path: Path) -> tuple[str, ...] | None:
-    """A shard's columns when its Parquet footer parses (a truncated or foreign file fails here), else None."""
-    stat = path.stat()
+    """A readable shard's columns, else None (`shard_problem` says why)."""
+    return _footer(path)[0]
+
+
+def shard_problem(path: Path) -> str | None:
+    return _footer(path)[1]
+
+
+def _footer(path: Path) -> tuple[tuple[str, ...] | None, str | None]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None, "a link to a file that is gone"
     key = (str(path), stat.st_size, stat.st_mtime_ns)
     if key not in _FOOTERS:
         try:
-            _FOOTERS[key] = tuple(pq.read_schema(path).names)
+            _FOOTERS[key] = _checked(pq.read_schema(path), path.parent.name)
         except (OSError, pa.ArrowException):
-            _FOOTERS[key] = None
+            _FOOTERS[key] = None, "not a readable Parquet shard"
     return _FOOTERS[key]
+
+
+def _checked(schema: pa.Schema, table: str) -> tuple[tuple[str, ...] | None, str | None]:
+    """The shard's columns if they are its table's (a subset, with its keys, each of the table's type)."""
+    expected = SCHEMAS.get(RENAMED_TABLES.get(table, table))
+    if expected is None or table in RENAMED_TABLES:
+        return tuple(schema.names), None  # an old-layout folder: `old_layout_runs` reports it
+    foreign = [n for n in schema.names if n not in expected.names and n not in RENAMED_COLUMNS]
+    if foreign or "run_id" not in schema.names:
+        return None, f"not a shard of {table} (columns {', '.join(foreign[:3] or ['without run_id'])})"
+    for name in schema.names:
+        if name in expected.names and not pa.types.is_null(schema.field(name).type) \
+                and schema.field(name).type != expected.field(name).type:
+            return None, f"column {name} is {schema.field(name).type}, {table} stores {expected.field(name).type}"
+    return tuple(schema.names), None
 
 
 def open_store(root: str | Path = "runs"):
@@ -310,8 +357,13 @@ def open_store(root: str | Path = "runs"):
     """
     import duckdb
 
+    root = Path(root).resolve()
     con = duckdb.connect()
     con.execute("SET parquet_metadata_cache = true")
+    # The connection reads the store and nothing else: a query (notebooks' `Workbench.sql`) cannot reach
+    # any other file, and the setting cannot be lifted once the database runs.
+    con.execute("SET allowed_directories = ?", [[str(root) + os.sep]])
+    con.execute("SET enable_external_access = false")
     return con, refresh(con, root)
 
 
@@ -327,7 +379,7 @@ def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreI
     bad file never breaks a query over the others. With the `previous` index of this connection, a
     table whose shards did not change keeps its view (re-binding a view over thousands of files costs).
     """
-    root = Path(root)
+    root = Path(root).resolve()  # absolute shard paths: the connection may read below the store's own folder only
     index = StoreIndex({}, [])
     old = old_layout_runs(root)
     index.warnings += [f"skipped run {name}: written before `turns` became `generations` and `batch` became "
@@ -337,10 +389,11 @@ def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreI
         for path in sorted(root.glob(f"*/{table}/*.parquet")):
             if path.parent.parent.name in old:
                 continue
-            if _columns(path) is not None:
+            problem = shard_problem(path)
+            if problem is None:
                 good.append(path)
             else:
-                index.warnings.append(f"skipped {path}: not a readable Parquet shard")
+                index.warnings.append(f"skipped {path}: {problem}")
         index.shards[table] = good
         if previous is not None and good and previous.shards.get(table) == good:
             continue

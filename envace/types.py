@@ -94,7 +94,8 @@ class Task:
     become available at turn k (BFCL miss_func). With `simulated_user` set, a model writes the user
     turns instead, as the conversation goes (`user_turns[0]` is then only a stand-in opening).
     `reference[k]` is the ground-truth trajectory of turn k replayed on a fresh environment.
-    `payload` keeps the benchmark's own item for its checker.
+    `payload` keeps the benchmark's own item for its checker. A turn task (`start_turn` = k > 0) is a task
+    truncated to turns 0..k, played from turn k after its gold prefix.
     """
 
     uid: str
@@ -109,6 +110,7 @@ class Task:
     tools_added: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
     simulated_user: SimulatedUser | None = None
+    start_turn: int = 0  # turns before it are replayed from the gold reference (`envace.units`)
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
     assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]
     worst, worst_episode = client.predict("scripted", *filters, "worst first", api_name="/list_episodes")
     assert [r[0] for r in worst["data"]] == [r[0] for r in table["data"]][::-1]
-    html = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], False, api_name="/show")
+    html = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], "off", api_name="/show")
     assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
     assert 'class="diff-added"' in html and "invented_by_rehearser" in html  # the drift is marked in place
-    best = client.predict("scripted", episode["value"], ["caller", "rehearser"], True, api_name="/show")
+    best = client.predict("scripted", episode["value"], ["caller", "rehearser"], "log-prob", api_name="/show")
     assert "no structural difference" in best and 'class="diff-added"' not in best
     assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
     with pytest.raises(Exception, match="invalid run name"):
@@ -47,13 +47,17 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
 
 def test_the_dashboards_draw_from_the_real_store(app_url):
     client = Client(app_url, verbose=False)
-    table, bars, calibration, _ = client.predict("scripted", api_name="/fidelity")
-    assert {r[0] for r in table["data"]} >= {"cd", "mkdir"} and bars and calibration
-    curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
+    note, table, bars, calibration, over = client.predict("scripted", api_name="/fidelity")
+    assert {r[0] for r in table["data"]} >= {"cd", "mkdir", "all"} and bars and calibration and note == ""
+    note, *_ = client.predict("shadow", api_name="/fidelity")  # the tiny model's shadow run: no pair at all
+    assert "No pairs" in note and "real+shadow" in note
+    note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
-    curves, last = client.predict("trained", "grpo", api_name="/training")
-    assert curves and "reward_mean" in {r[0] for r in last["data"]}
+    note, curves, last = client.predict(["trained"], "grpo", 0.5, api_name="/training")
+    assert curves and "reward_mean" in {r[0] for r in last["data"]} and note == ""
+    note, curves, _ = client.predict([], "grpo", 0, api_name="/training")
+    assert curves is None and "envace train" in note  # one empty-state rule: what is missing, what makes it
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
     budget = turns["headers"].index("budget")
     assert turns["data"] and all(r[budget] == 1 for r in turns["data"])

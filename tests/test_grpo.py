@@ -31,7 +31,7 @@ def test_the_loss_mask_covers_exactly_each_rows_completion(tiny):
     first = Row("A", "caller", [1, 5, 7, 9, 4], [9, 11], 1.0)
     second = Row("A", "caller", first.prompt_ids + first.completion_ids + [3, 3], [12, 13, 14], 1.0)
     other = Row("A", "rehearser", [1, 4], [8, 3, 2, 6], 0.0)
-    logprobs, _, owner = completion_logprobs(model, [[first, second], [other]], tok.pad_token_id)
+    logprobs, _, owner, _ = completion_logprobs(model, [[first, second], [other]], tok.pad_token_id)
     # Positions from the earliest completion on; the tool-result tokens [3, 3] between are nobody's.
     assert owner.tolist() == [[0, 0, -1, -1, 1, 1, 1], [-1, -1, -1, 2, 2, 2, 2]]
     for index, row in enumerate([first, second, other]):  # each row's positions hold its own tokens' log-probs
@@ -148,3 +148,14 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     grads = [(n, p.grad) for n, p in plain.named_parameters() if p.requires_grad]
     other = dict((n, p.grad) for n, p in checkpointed.named_parameters() if p.requires_grad)
     assert grads and all(torch.allclose(g, other[n], atol=1e-6) for n, g in grads)
+
+
+def test_signal_groups_counts_the_groups_whose_rewards_differ():
+    from envace.training.grpo import signal_groups
+
+    rows = [Row("A", "caller", [1], [2], 1.0), Row("A", "caller", [1], [3], 0.0),  # A/caller: signal
+            Row("B", "caller", [1], [2], 0.5), Row("B", "caller", [1], [3], 0.5),  # B/caller: none
+            Row("A", "rehearser", [1], [2], 1.0), Row("A", "rehearser", [1], [2], 1.0),  # A/rehearser: none
+            Row("B", "rehearser", [1], [2], 0.2)]  # a group of one: no spread
+    assert signal_groups(rows) == {"caller": 0.5, "rehearser": 0.0}
+    assert all(a == 0 for r, a in zip(rows, role_advantages(rows), strict=True) if r.task_uid == "B")

@@ -1,5 +1,7 @@
 from dataclasses import replace
 
+import pytest
+
 from envace import rewards
 from envace.types import ToolCall
 
@@ -39,3 +41,27 @@ def test_value_equivalence():
 def test_turns_without_reference_calls_score_when_reached(bfcl):
     task = next(t for t in bfcl.load_tasks("multi_turn_miss_param", "all", limit=20) if any(not r for r in t.reference))
     assert rewards.checklist(task, _issued(task))[0] == 1.0
+
+
+def test_task_plus_fidelity_rewards_a_faithful_rehearsal_more():
+    from envace import fidelity, rewards
+    from envace.policy.backend import Generation
+    from envace.rehearsal.episode import Generated
+
+    real = '{"current_directory_content": ["a.txt", "b"]}'
+
+    def pair(rehearsed):
+        return {"turn": 0, "turn_step": 1, "call_index": 0,
+                **fidelity.score_pair(real, rehearsed, False, None if rehearsed is None else False, [])}
+
+    def row(reward=0.5):
+        return Generated("rehearser", 0, 1, Generation([1], "x", "stop"), 1, call_index=0, reward=reward)
+
+    exact, wrong, malformed, unpaired = row(), row(), row(), Generated("rehearser", 0, 2, Generation([1], "x", "stop"),
+                                                                     1, call_index=0, reward=0.5)
+    rewards.add_fidelity([exact], [pair(real)], 0.5)
+    rewards.add_fidelity([wrong], [pair('{"error": "no such folder"}')], 0.5)
+    rewards.add_fidelity([malformed, unpaired], [pair(None)], 0.5)
+    assert exact.reward == pytest.approx(1.0)  # 0.5 task + 0.5 × 1.0
+    assert 0.5 < wrong.reward < exact.reward
+    assert malformed.reward == pytest.approx(0.5) and unpaired.reward == 0.5  # no real response beside it: task only

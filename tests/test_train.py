@@ -351,3 +351,25 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     caller = steps[steps["role"] == "caller"].iloc[0]
     html = episode_html(steps, wb.calls("t", episode))
     assert f"advantage {caller['advantage']:+.3f}" in html
+
+
+def test_sft_summariser_rows_render_the_prompt_private_rehearsal_sends(bfcl, tiny):
+    """The summariser's SFT row for a turn is exactly what private rehearsal asks after one imagined attempt that
+    played the reference (scripted caller and rehearser), and its target is a plain-text memory."""
+    from envace.config import PrivateOptions, RolloutConfig
+    from envace.formats import parse_tool_calls
+    from envace.policy.scripted import ReferencePolicy
+    from envace.rehearsal.build import build_engine
+
+    task = next(t for t in bfcl.load_tasks("multi_turn_base", "train", limit=10)
+                if all(s.result.content.isascii() for turn in t.reference for s in turn))
+    rows = [r for r in reference_rows([task], bfcl, tiny[1], RehearserOptions()) if r.role == "summariser"]
+    assert len(rows) == len(task.reference)
+    policy = ReferencePolicy(tiny[1], [task])
+    cfg = RolloutConfig(model="tiny", split="train", embedding=False,
+                        private=PrivateOptions(mode="parallel", budget=1, max_steps=20))
+    build_engine(policy, bfcl, cfg).run_batch([(task, 0)])
+    asked = [p for p in policy.prompts if "## Imagined attempt" in tiny[1].decode(p)]
+    assert [r.prompt_ids for r in rows] == asked  # token for token, turn by turn
+    memory = tiny[1].decode(rows[0].completion_ids, skip_special_tokens=True)
+    assert not parse_tool_calls(memory).calls and task.reference[0][0].call.name in memory

@@ -151,3 +151,17 @@ def test_launch_runs_in_the_background_and_stops_cleanly(tmp_path):
         launch(kind="deploy", root=root)
     with pytest.raises(UsageError):
         launch("experiments/nope.toml", root=root)
+
+
+def test_lists_are_aligned_by_their_common_items_not_by_index():
+    def kinds(real, rehearsed):
+        return [(c.path, c.kind, c.at_rehearsed) for c in json_diff(json.dumps(real), json.dumps(rehearsed))]
+
+    assert kinds({"content": ["a", "b", "c"]}, {"content": ["b", "c"]}) == [("$.content[0]", "missing", "$.content[0]")]
+    assert kinds(["b", "c"], ["a", "b", "c"]) == [("$[0]", "added", "$[0]")]
+    assert kinds([1, 2, 3], [1, 5, 3]) == [("$[1]", "value_changed", "$[1]")]
+    # a changed item after a dropped one: found at its own place on each side
+    changed = json_diff(json.dumps(["x", {"n": 1}]), json.dumps([{"n": 2}]))
+    assert [(c.kind, c.path, c.at_rehearsed) for c in changed] == [("missing", "$[0]", "$[0]"),
+                                                                    ("value_changed", "$[1].n", "$[0].n")]
+    assert json_diff(json.dumps(["a", "b", "c"]), json.dumps(["c", "b", "a"])) != []  # order still counts

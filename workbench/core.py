@@ -41,6 +41,7 @@ class Workbench:
         self.root = Path(root)
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str], tuple[tuple[Path, ...], pd.DataFrame]] = {}
+        self._tokenizers: dict[str, Any] = {}
         self.con = connect(self.root)
         self.index = StoreIndex({}, [])
         self.refresh()
@@ -76,7 +77,12 @@ class Workbench:
         first = query.lstrip().split(None, 1)[0].upper() if query.strip() else ""
         if first not in {"SELECT", "WITH", "DESCRIBE", "SHOW", "FROM"} or ";" in query.strip().rstrip(";"):
             raise UsageError("only one read-only query (SELECT, WITH, DESCRIBE, SHOW) is allowed")
-        return self._df(query)
+        import duckdb
+
+        try:
+            return self._df(query)
+        except duckdb.PermissionException as exc:  # the connection reads the store's folder and nothing else
+            raise UsageError(f"only the store can be read: {str(exc).splitlines()[0]}") from None
 
     # -- runs and episodes -------------------------------------------------------------------------
 
@@ -90,6 +96,20 @@ class Workbench:
             "TRY_CAST(json_extract(summary, '$.checklist') AS DOUBLE) AS checklist, "
             "TRY_CAST(json_extract(summary, '$.well_formed_rate') AS DOUBLE) AS well_formed_rate, "
             "summary FROM runs ORDER BY created_at DESC")
+
+    def headlines(self) -> pd.DataFrame:
+        """Per training run, what its last steps say: the caller's mean reward and the share of groups with a
+        learning signal at the last GRPO step, and the checklist and rehearsal exact-match of its last evaluation."""
+        return self._df(
+            "WITH g AS (SELECT run_id, max(step) AS step FROM metrics WHERE phase = 'grpo' GROUP BY run_id), "
+            "e AS (SELECT run_id, max(step) AS step FROM metrics WHERE phase = 'eval' GROUP BY run_id), "
+            "last_g AS (SELECT m.run_id, max(CASE WHEN role = 'caller' AND name = 'reward_mean' THEN value END) AS "
+            "reward, max(CASE WHEN role = 'caller' AND name = 'signal_groups' THEN value END) AS signal, "
+            "max(m.step) + 1 AS steps FROM metrics m JOIN g USING (run_id, step) WHERE phase = 'grpo' GROUP BY ALL), "
+            "last_e AS (SELECT m.run_id, max(CASE WHEN name = 'checklist' THEN value END) AS eval_checklist, "
+            "max(CASE WHEN name = 'exact' THEN value END) AS eval_exact FROM metrics m JOIN e USING (run_id, step) "
+            "WHERE phase = 'eval' GROUP BY ALL) "
+            "SELECT * FROM last_g FULL JOIN last_e USING (run_id)")
 
     def episodes(self, run_id: str | None = None, success: bool | None = None, min_checklist: float | None = None,
                  max_checklist: float | None = None, tool: str | None = None, termination: str | None = None,
@@ -159,6 +179,22 @@ class Workbench:
             "AND p.call_index = c.call_index "
             "WHERE c.run_id = ? AND c.episode_id = ? ORDER BY c.turn, c.turn_step, c.call_index",
             [check_run_id(run_id), episode_id])
+
+    def tokenizer(self, run_id: str):
+        """The tokenizer of the model a run generated with (cached per model), or None when it cannot load here:
+        what turns stored token ids back into the tokens the token view colours."""
+        runs = self.runs()
+        model = runs.set_index("run_id")["model"].get(check_run_id(run_id))
+        if not model:
+            return None
+        if model not in self._tokenizers:
+            from envace.policy.models import tokenizer_for
+
+            try:
+                self._tokenizers[model] = tokenizer_for(str(model))
+            except (UsageError, OSError, ValueError):
+                self._tokenizers[model] = None
+        return self._tokenizers[model]
 
     @staticmethod
     def diff(real: str | None, rehearsed: str | None) -> pd.DataFrame:

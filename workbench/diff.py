@@ -8,6 +8,12 @@ each difference at its JSON path:
 - `type_changed`: same path, different JSON types (e.g. a number rehearsed as a string);
 - `value_changed`: same type, different value; numbers also carry their `drift` (rehearsed − real).
 
+Lists are aligned by their longest common subsequence of equal items, not by index: dropping the first
+of `["a", "b", "c"]` is one missing item, not two changed values and a missing one (what BFCL's `ls` and
+`find` results need). Items left unmatched between two aligned ones are compared in order with the next
+item of the same JSON type on the other side; the rest are missing or added. A change's `path` is where it
+stands in the real response (an added one: in the rehearsed response); `rehearsed_path` says where a
+changed value stands in the rehearsed one when that differs.
 A response that is not JSON is compared as one string value at the root path `$`.
 """
 
@@ -25,6 +31,11 @@ class Change:
     real: Any = None
     rehearsed: Any = None
     drift: float | None = None
+    rehearsed_path: str | None = None  # where it stands in the rehearsed response, when not at `path`
+
+    @property
+    def at_rehearsed(self) -> str:
+        return self.rehearsed_path or self.path
 
 
 def _parse(text: str | None) -> Any:
@@ -44,27 +55,67 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _walk(path: str, real: Any, rehearsed: Any, out: list[Change]) -> None:
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _aligned(real: list, rehearsed: list) -> list[tuple[int | None, int | None]]:
+    """Index pairs (i, j) in order: equal items matched by a longest common subsequence, and in each gap
+    between two matches the leftover items paired in order with the next of the same JSON type (None where none
+    is left)."""
+    a, b = [_key(x) for x in real], [_key(x) for x in rehearsed]
+    lcs = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+    for i in range(len(a) - 1, -1, -1):
+        for j in range(len(b) - 1, -1, -1):
+            lcs[i][j] = lcs[i + 1][j + 1] + 1 if a[i] == b[j] else max(lcs[i + 1][j], lcs[i][j + 1])
+    matches, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        if a[i] == b[j]:
+            matches.append((i, j))
+            i, j = i + 1, j + 1
+        elif lcs[i + 1][j] >= lcs[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    out, i, j = [], 0, 0
+    for mi, mj in [*matches, (len(a), len(b))]:
+        free = list(range(j, mj))
+        for x in range(i, mi):  # leftovers: the next one of the same JSON type, else missing
+            y = next((y for y in free if _kind(rehearsed[y]) == _kind(real[x])), None)
+            if y is not None:
+                free.remove(y)
+            out.append((x, y))
+        out += [(None, y) for y in free]
+        if mi < len(a):
+            out.append((mi, mj))
+        i, j = mi + 1, mj + 1
+    return out
+
+
+def _walk(path: str, real: Any, rehearsed: Any, out: list[Change], rehearsed_path: str | None = None) -> None:
+    at = rehearsed_path if rehearsed_path not in (None, path) else None
     if _kind(real) != _kind(rehearsed):
-        out.append(Change(path, "type_changed", real, rehearsed))
+        out.append(Change(path, "type_changed", real, rehearsed, rehearsed_path=at))
     elif isinstance(real, dict):
+        other = at or path
         for key in real:
             if key not in rehearsed:
                 out.append(Change(f"{path}.{key}", "missing", real[key], None))
             else:
-                _walk(f"{path}.{key}", real[key], rehearsed[key], out)
-        out.extend(Change(f"{path}.{key}", "added", None, rehearsed[key]) for key in rehearsed if key not in real)
+                _walk(f"{path}.{key}", real[key], rehearsed[key], out, f"{other}.{key}")
+        out.extend(Change(f"{other}.{key}", "added", None, rehearsed[key]) for key in rehearsed if key not in real)
     elif isinstance(real, list):
-        for i in range(max(len(real), len(rehearsed))):
-            if i >= len(rehearsed):
+        other = at or path
+        for i, j in _aligned(real, rehearsed):
+            if j is None:
                 out.append(Change(f"{path}[{i}]", "missing", real[i], None))
-            elif i >= len(real):
-                out.append(Change(f"{path}[{i}]", "added", None, rehearsed[i]))
+            elif i is None:
+                out.append(Change(f"{other}[{j}]", "added", None, rehearsed[j]))
             else:
-                _walk(f"{path}[{i}]", real[i], rehearsed[i], out)
+                _walk(f"{path}[{i}]", real[i], rehearsed[j], out, f"{other}[{j}]")
     elif real != rehearsed:
         drift = float(rehearsed) - float(real) if _kind(real) == "number" else None
-        out.append(Change(path, "value_changed", real, rehearsed, drift))
+        out.append(Change(path, "value_changed", real, rehearsed, drift, rehearsed_path=at))
 
 
 def json_diff(real: str | None, rehearsed: str | None) -> list[Change]:

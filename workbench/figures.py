@@ -1,10 +1,53 @@
-"""Plotly figures over `Workbench` query results; the app and the notebooks draw the same charts."""
+"""Plotly figures over `Workbench` query results; the app and the notebooks draw the same charts.
+
+One style for all (`_style`): axis ranges from the metric's own domain (a rate in [0, 1] is drawn on
+[0, 1]), whole-number step axes, legends above the plot where they cannot cover an axis title, units in
+the axis titles. Curves over training steps take several runs at once (one line per run and role) and an
+optional exponential smoothing.
+"""
 
 from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+# Metrics whose values live in [0, 1]: their axes are drawn on that range.
+UNIT_METRICS = {"success_rate", "checklist", "well_formed_rate", "parse_error_rate", "exact", "structure_f1",
+                "value_acc", "error_agree", "valid_json", "string_sim", "embed_cos", "copied", "malformed",
+                "signal_groups", "reward_mean", "error_rate", "checklist_mean", "rehearsal_error_rate",
+                "real_fraction"}
+LABELS = {"success_rate": "official success (share)", "checklist": "checklist reward (0-1)",
+          "well_formed_rate": "well-formed calls (share of messages)", "reward_mean": "mean reward (0-1)",
+          "signal_groups": "groups with reward spread (share)", "adv_abs_mean": "mean |advantage|",
+          "loss": "policy loss", "entropy": "entropy (nats/token)", "grad_norm": "gradient norm (before clipping)",
+          "error_rate": "malformed outputs (share)", "logprob_gap": "mean |Δ log p| sampler vs trainer",
+          "sync_s": "weight sync (s)", "step_s": "step wall time (s)"}
+
+
+def _style(fig: go.Figure, title: str, x_title: str, y_title: str | None = None, unit_y: bool = False,
+           integer_x: bool = False, height: int | None = None) -> go.Figure:
+    fig.update_layout(title={"text": title, "y": 0.98, "yanchor": "top"}, template="plotly_white",
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+                      margin={"t": 90, "l": 60, "r": 20, "b": 50}, height=height)
+    fig.update_xaxes(title_text=x_title)
+    if integer_x:
+        fig.update_xaxes(tickformat="d", rangemode="tozero", dtick=1 if _span(fig) <= 12 else None)
+    if y_title is not None:
+        fig.update_yaxes(title_text=y_title)
+    if unit_y:
+        fig.update_yaxes(range=[-0.02, 1.02])
+    return fig
+
+
+def _span(fig: go.Figure) -> float:
+    xs = [x for trace in fig.data for x in (trace.x if trace.x is not None else []) if x is not None]
+    return (max(xs) - min(xs)) if xs else 0
+
+
+def smooth(values: pd.Series, weight: float) -> pd.Series:
+    """Exponential moving average (TensorBoard's smoothing): 0 leaves the curve as it is."""
+    return values.ewm(alpha=1 - weight, adjust=False).mean() if weight > 0 else values
 
 
 def budget_curves(sweep: pd.DataFrame, metric: str = "checklist") -> go.Figure:
@@ -24,48 +67,64 @@ def budget_curves(sweep: pd.DataFrame, metric: str = "checklist") -> go.Figure:
             fig.add_trace(go.Scatter(x=line["budget"], y=line["private_tokens_per_episode"], mode="lines",
                                      line={"dash": "dot"}, name=f"{label} · {mode} · tokens", opacity=0.5),
                           secondary_y=True)
-    fig.update_xaxes(title_text="imagined attempts N")
-    fig.update_yaxes(title_text=metric, secondary_y=False)
-    fig.update_yaxes(title_text="private-rehearsal tokens per episode", secondary_y=True)
-    fig.update_layout(title=f"Private rehearsal: {metric} vs budget", legend={"orientation": "h"})
+    _style(fig, f"Private rehearsal: {LABELS.get(metric, metric)} against the budget", "imagined attempts N",
+           integer_x=True)
+    fig.update_yaxes(title_text=LABELS.get(metric, metric), range=[-0.02, 1.02], secondary_y=False)
+    fig.update_yaxes(title_text="private-rehearsal tokens per episode", rangemode="tozero", secondary_y=True)
     return fig
 
 
-TRAINING_METRICS = ("reward_mean", "adv_abs_mean", "loss", "entropy", "grad_norm", "error_rate")
+TRAINING_METRICS = ("reward_mean", "signal_groups", "adv_abs_mean", "loss", "entropy", "grad_norm", "error_rate")
 
 
-def training_curves(metrics: pd.DataFrame, names: tuple[str, ...] = TRAINING_METRICS) -> go.Figure:
-    """One panel per metric, one line per role, against the GRPO step."""
+def training_curves(metrics: pd.DataFrame, names: tuple[str, ...] = TRAINING_METRICS,
+                    smoothing: float = 0.0) -> go.Figure:
+    """One panel per metric, one line per role (and per run, when `metrics` has a `run_id` column holding
+    several), against the GRPO step (1 = the first update)."""
     shown = [n for n in names if n in set(metrics["name"])]
-    fig = make_subplots(rows=max(len(shown), 1), cols=1, shared_xaxes=True, subplot_titles=shown)
+    fig = make_subplots(rows=max(len(shown), 1), cols=1, shared_xaxes=True,
+                        subplot_titles=[LABELS.get(n, n) for n in shown], vertical_spacing=0.06)
+    runs = metrics["run_id"].nunique() if "run_id" in metrics else 1
+    keys = ["run_id", "role"] if runs > 1 else ["role"]
+    seen: set[str] = set()
     for row, name in enumerate(shown, 1):
-        for role, part in metrics[metrics["name"] == name].groupby("role"):
-            fig.add_trace(go.Scatter(x=part["step"] + 1, y=part["value"], mode="lines+markers", name=f"{role}",
-                                     legendgroup=role, showlegend=row == 1), row=row, col=1)
+        for key, part in metrics[metrics["name"] == name].groupby(keys):
+            label = " · ".join(key) if isinstance(key, tuple) else str(key)
+            part = part.sort_values("step")
+            fig.add_trace(go.Scatter(x=part["step"] + 1, y=smooth(part["value"], smoothing), mode="lines+markers",
+                                     name=label, legendgroup=label, showlegend=label not in seen), row=row, col=1)
+            seen.add(label)
+        if name in UNIT_METRICS:
+            fig.update_yaxes(range=[-0.02, 1.02], row=row, col=1)
+    _style(fig, "Training, per role" + (" and run" if runs > 1 else ""), "GRPO step", integer_x=True,
+           height=200 * max(len(shown), 1) + 120)
+    fig.update_xaxes(title_text="")
     fig.update_xaxes(title_text="GRPO step", row=max(len(shown), 1), col=1)
-    fig.update_layout(height=220 * max(len(shown), 1), title="Training, per role")
     return fig
 
 
 def fidelity_bars(by_tool: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",
                                                                      "error_agree")) -> go.Figure:
-    """Per-tool fidelity of the rehearser against the real environment."""
+    """Per-tool fidelity of the rehearser against the real environment (the overall `all` row last)."""
     fig = go.Figure([go.Bar(x=by_tool["tool"], y=by_tool[m], name=m) for m in metrics])
-    fig.update_layout(barmode="group", title="Rehearsal fidelity per tool", yaxis={"range": [0, 1]})
-    return fig
+    fig.update_layout(barmode="group")
+    return _style(fig, "Rehearsal fidelity per tool (mean over pairs)", "tool", "score (0-1)", unit_y=True)
 
 
 def fidelity_over_training(long: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",
-                                                                          "error_agree")) -> go.Figure:
-    """Each fidelity metric against the GRPO step: solid from the test-split eval, dotted from the step's
-    own shadow pairs (`Workbench.fidelity_over_training`)."""
+                                                                          "error_agree"),
+                           smoothing: float = 0.0) -> go.Figure:
+    """Each fidelity metric against the GRPO updates: solid from the test-split evaluations, dotted from the
+    step's own shadow pairs (`Workbench.fidelity_over_training`); one set of lines per run when several."""
     fig = go.Figure()
-    for (source, name), part in long[long["name"].isin(metrics)].groupby(["source", "name"]):
-        fig.add_trace(go.Scatter(x=part["step"], y=part["value"], mode="lines+markers", name=f"{name} · {source}",
-                                 line={"dash": "solid" if source == "eval" else "dot"}))
-    fig.update_layout(title="Rehearsal fidelity over training", xaxis_title="GRPO updates",
-                      yaxis={"range": [0, 1], "title": "mean over pairs"})
-    return fig
+    keys = ["run_id", "source", "name"] if "run_id" in long and long["run_id"].nunique() > 1 else ["source", "name"]
+    for key, part in long[long["name"].isin(metrics)].groupby(keys):
+        part = part.sort_values("step")
+        fig.add_trace(go.Scatter(x=part["step"], y=smooth(part["value"], smoothing), mode="lines+markers",
+                                 name=" · ".join(map(str, key)),
+                                 line={"dash": "solid" if key[-2] == "eval" else "dot"}))
+    return _style(fig, "Rehearsal fidelity over training", "GRPO updates", "mean over pairs (0-1)", unit_y=True,
+                  integer_x=True)
 
 
 def calibration(per_episode: pd.DataFrame) -> go.Figure:
@@ -75,7 +134,7 @@ def calibration(per_episode: pd.DataFrame) -> go.Figure:
         fig.add_trace(go.Scatter(x=part["fidelity"], y=part["checklist"], mode="markers",
                                  name="success" if success else "failure", text=part["episode_id"],
                                  marker={"size": 9, "opacity": 0.7}))
-    fig.update_layout(title="Does fidelity go with success?", xaxis={"title": "mean exact-match of its rehearsals",
-                                                                      "range": [-0.05, 1.05]},
-                      yaxis={"title": "checklist score", "range": [-0.05, 1.05]})
+    _style(fig, "Does fidelity go with success? (one point per episode)", "mean exact-match of its rehearsals (0-1)",
+           "checklist score (0-1)", unit_y=True)
+    fig.update_xaxes(range=[-0.02, 1.02])
     return fig

@@ -13,9 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
+from envace.config import RolloutConfig, TrainConfig, choices, load_toml
 from envace.errors import UsageError
 from envace.store import check_run_id
 
@@ -30,15 +33,17 @@ class RunHandle:
     command: list[str]
     log_path: Path
     process: subprocess.Popen = field(repr=False)
+    stopping: bool = False
 
     def status(self) -> str:
-        """`running`, `finished`, `stopped` (by `stop`) or `failed (exit N)`."""
+        """`running`, `stopping` (asked to stop, finishing its step), `finished`, `stopped` or `failed (exit N)`."""
         code = self.process.poll()
         if code is None:
-            return "running"
+            return "stopping" if self.stopping else "running"
         if code == 0:
             return "finished"
-        return "stopped" if code in (130, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL) else f"failed (exit {code})"
+        return "stopped" if code in (130, 143, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL) \
+            else f"failed (exit {code})"
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -57,16 +62,84 @@ class RunHandle:
         return self.status()
 
     def stop(self, grace_s: float = 15.0) -> str:
-        """Interrupt the job (Ctrl-C: it stores what it finished and marks the run interrupted), then
-        terminate it if it has not exited after `grace_s` seconds."""
+        """Terminate the job (SIGTERM, which it handles as Ctrl-C: it keeps what it finished and marks the run
+        interrupted), then kill it if it has not exited after `grace_s` seconds."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGINT)
+            self.stopping = True
+            os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         return self.status()
+
+
+def check_args(kind: str, args: tuple[str, ...] | list[str]) -> None:
+    """Refuse flags the job does not accept, an abbreviated one (`--ro DIR` is not `--root DIR`), and `--root`
+    (a launched job writes to the launcher's store): the CLI's own parser decides, so nothing else can drift."""
+    from envace.cli import build_parser
+
+    placeholder = {"train": ["CONFIG"], "eval": ["MODEL"], "sweep": ["--name", "N"]}.get(kind, [])
+    parsed = build_parser().parse_args([kind, *placeholder, *args])  # UsageError on anything it does not know
+    if getattr(parsed, "root", None) is not None:
+        raise UsageError("the store root is the launcher's own (--root is not accepted here)")
+
+
+def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
+    """Every field of the job's config, nested ones dotted (`rehearser.fewshot`), with the value the file sets
+    (else the default), the default, the choices and the help text: a form to edit before launching."""
+    cls, table = _job_config(kind)
+    data = load_toml(config).get(table, {}) if config else {}
+    return _fields(cls, data, cls(), "")
+
+
+def _fields(cls: type, data: dict[str, Any], defaults: Any, prefix: str) -> list[dict[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in fields(cls):
+        value = getattr(defaults, f.name)
+        if is_dataclass(hints[f.name]):
+            out += _fields(hints[f.name], data.get(f.name, {}) or {}, value, f"{prefix}{f.name}.")
+            continue
+        out.append({"field": prefix + f.name, "value": data.get(f.name, value), "default": value,
+                    "choices": ", ".join(map(str, choices(hints[f.name]))), "help": f.metadata.get("help", "")})
+    return out
+
+
+def resolve(kind: str, values: dict[str, Any]) -> Any:
+    """The job's config built from dotted field values (checked like a file: one message naming the field)."""
+    cls, _ = _job_config(kind)
+    nested: dict[str, Any] = {}
+    for key, value in values.items():
+        if value is None or value == "":
+            continue
+        *parents, leaf = key.split(".")
+        target = nested
+        for name in parents:
+            target = target.setdefault(name, {})
+        target[leaf] = value
+    return cls.from_dict(nested)
+
+
+def write_config(kind: str, cfg: Any, path: Path) -> Path:
+    """A resolved config as the TOML file the launched job reads (`[train]` or `[rollout]`)."""
+    import toml
+
+    def plain(value: Any) -> Any:  # TOML has no null: an unset field keeps its default by being absent
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if v is not None}
+        return value
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(toml.dumps({_job_config(kind)[1]: plain(asdict(cfg))}))
+    return path
+
+
+def _job_config(kind: str) -> tuple[type, str]:
+    if kind not in KINDS:
+        raise UsageError(f"kind must be one of {', '.join(KINDS)}, not '{kind}'")
+    return (TrainConfig, "train") if kind == "train" else (RolloutConfig, "rollout")
 
 
 def launch(config: str | Path | None = None, kind: str = "train", root: str | Path = "runs",
@@ -78,6 +151,7 @@ def launch(config: str | Path | None = None, kind: str = "train", root: str | Pa
     """
     if kind not in KINDS:
         raise UsageError(f"kind must be one of {', '.join(KINDS)}, not '{kind}'")
+    check_args(kind, args)
     if kind == "train" and config is None:
         raise UsageError("a train job needs a config file")
     if config is not None and not Path(config).is_file():

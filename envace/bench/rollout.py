@@ -70,6 +70,60 @@ def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 
     return result
 
 
+def bench_rollout_vllm(model: str = "default", limit: int = 8, max_new_tokens: int = 64, console=None) -> dict:
+    """The engine on a vLLM server against the engine on the HF backend, on the same greedy episodes (batch =
+    `limit`), and against the server's own raw batched completions of the same step prompts: the engine's
+    overhead around the server (HTTP, one request per prompt, parsing, environments, rendering)."""
+    from envace.policy import vllm
+    from envace.policy.models import load_tokenizer
+    from envace.policy.remote import RemoteBackend
+    from envace.policy.specs import model_dir
+
+    say = console.print if console else print
+    benchmark = registry.get("bfcl")
+    tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
+    cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
+                        max_steps_per_turn=3, caller_demo=True, tool_docs="compact")
+    server = vllm.start(model_dir(model), "base", say=say)
+    try:
+        remote = RemoteBackend([server.url], "base", load_tokenizer(model))
+        remote.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # the server's first request warms it up
+        batches: list[list[list[int]]] = []
+        generate = remote.generate
+
+        def recording(prompts: list[list[int]], params: SamplingParams):
+            batches.append(prompts)
+            return generate(prompts, params)
+
+        remote.generate = recording  # type: ignore[method-assign]
+        result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
+        for name, backend in (("vllm", remote), ("hf", HFBackend.load(model))):
+            say(f"engine on {name}: {limit} BFCL test episodes, batch {limit} …")
+            start = time.perf_counter()
+            summary = play(cfg, None, backend, tasks=tasks)
+            seconds = time.perf_counter() - start
+            result[f"{name}_engine"] = {"tokens": summary.generated_tokens, "s": round(seconds, 1),
+                                        "tok_per_s": round(summary.generated_tokens / seconds, 2)}
+        say(f"raw vLLM completions: the engine's {len(batches)} step batches, one request each …")
+        vllm.request(f"{server.root}/reset_prefix_cache", {})  # the engine's own run must not serve the replay
+        start = time.perf_counter()
+        raw_tokens = 0
+        for prompts in batches:
+            body = {"model": "base", "prompt": prompts, "max_tokens": max_new_tokens, "temperature": 0.0,
+                    "stop_token_ids": [remote.end], "return_token_ids": True}
+            raw_tokens += sum(len(c["token_ids"]) for c in vllm.request(f"{server.url}/completions", body)["choices"])
+        seconds = time.perf_counter() - start
+        result["raw_vllm"] = {"tokens": raw_tokens, "s": round(seconds, 1), "tok_per_s": round(raw_tokens / seconds, 2)}
+        result["vllm_engine_over_hf_engine"] = round(result["vllm_engine"]["tok_per_s"] /
+                                                     result["hf_engine"]["tok_per_s"], 2)
+        result["vllm_engine_over_raw_vllm"] = round(result["vllm_engine"]["tok_per_s"] /
+                                                    result["raw_vllm"]["tok_per_s"], 2)
+    finally:
+        server.stop()
+    say(result)
+    return result
+
+
 def _bfcl_setup(model: str, limit: int):
     """(benchmark, the first `limit` base test tasks, the train-task example bank, a loaded backend)."""
     from envace.rehearsal.examples import ExampleBank
@@ -106,7 +160,7 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     # rehearsed in one batch (the engine's per-step unit) and paired with its real response.
     cfg = RolloutConfig(model=model, mode="real+shadow", max_new_tokens=max_new_tokens)
     engine = build_engine(backend, benchmark, cfg, bank)
-    rehearser = Rehearser(Sampler(backend, seed=cfg.seed), bank, cfg.rehearser)
+    rehearser = Rehearser(Sampler(backend, seed=cfg.seed), engine.renderer, bank, cfg.rehearser)
     backend.clear_caches()
     items = []
     for task in tasks:

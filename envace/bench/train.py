@@ -129,3 +129,40 @@ def bench_train(model: str = "default", tasks: int = 1, console=None) -> dict[st
     say(f"envace {result['envace_tokens_per_s']} tokens/s ({ours_s:.1f} s, peak +{ours_mib:.0f} MiB) vs TRL "
         f"{result['trl_tokens_per_s']} tokens/s ({trl_s:.1f} s, peak +{trl_mib:.0f} MiB): ratio {result['ratio']:.2f}")
     return result
+
+
+def bench_train_vllm(model: str = "default", tasks: int = 2, console=None) -> dict[str, dict[str, float]]:
+    """One GRPO step (rollouts + update + weight sync) with HF rollouts, with vLLM rollouts and a LoRA adapter
+    synced, and with vLLM rollouts and full weights reloaded; the same seed, tasks and settings each time
+    (`rollout_s`, `step_s`, `sync_s` as the trainer stores them per step)."""
+    from envace.config import TrainConfig
+    from envace.jobs import Reporter, train_job
+    from envace.store import connect
+
+    say = console.print if console else print
+    quiet = type("Quiet", (Reporter,), {"say": lambda self, text: None})()
+    base = {"model": model, "sft_tasks": 0, "grpo_steps": 1, "tasks_per_step": tasks, "lr": 2e-4,
+            "rollout": {"group_size": 4, "temperature": 0.7, "max_new_tokens": 48, "max_steps_per_turn": 2,
+                        "tool_docs": "compact", "caller_demo": True,
+                        "rehearser": {"max_new_tokens": 48, "max_examples": 4}}}
+    arms = {"hf_lora": ({"lora": True}, "hf"), "vllm_lora": ({"lora": True}, "vllm"),
+            "vllm_full": ({"lora": False}, "vllm")}
+    result: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as root:
+        for name, (extra, backend) in arms.items():
+            data = {**base, **extra, "rollout": {**base["rollout"], "backend": backend}}
+            say(f"{name}: one GRPO step, {tasks} tasks × 4 rollouts …")
+            started = time.perf_counter()
+            train_job(TrainConfig.from_dict(data), root, name, reporter=quiet)
+            wall = time.perf_counter() - started
+            metrics = dict(connect(root).execute(
+                "SELECT name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all'",
+                [name]).fetchall())
+            result[name] = {k: round(metrics[k], 2) for k in ("rollout_s", "step_s", "sync_s", "logprob_gap",
+                                                              "kl_estimate") if k in metrics}
+            result[name]["tokens"] = sum(v for (v,) in connect(root).execute(
+                "SELECT value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND name = 'tokens' "
+                "AND role <> 'all'", [name]).fetchall())
+            result[name]["job_wall_s"] = round(wall, 1)
+            say(f"  {result[name]}")
+    return result

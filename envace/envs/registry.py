@@ -17,12 +17,14 @@ class Benchmark:
     default_category: str
     load_tasks: Callable[..., list[Task]]
     make_env: Callable[[], Environment]
+    # (task, k) -> the task cut after turn k, its checker's data included: what turn-level episodes need
+    truncate: Callable[[Task, int], Task] | None = None
 
 
 def _bfcl() -> Benchmark:
-    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks
+    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, truncate
 
-    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv)
+    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate)
 
 
 def _tau2() -> Benchmark:

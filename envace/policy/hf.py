@@ -8,18 +8,25 @@ from envace.policy.backend import Generation, SamplingParams
 from envace.policy.prefix_cache import PrefixCache
 
 
+def prefers_prefix_cache(device) -> bool:
+    """One prompt at a time with a shared-prefix cache on a CPU; padded batches on an accelerator."""
+    return str(getattr(device, "type", device)) == "cpu"
+
+
 class HFBackend:
     """Generation with a loaded causal LM, in one of two strategies.
 
-    `prefix_cache=True` (default on CPU): prompts run one at a time, each continuing the KV cache of
+    `prefix_cache=True` (the default on CPU): prompts run one at a time, each continuing the KV cache of
     an earlier prompt that shares its prefix (see `prefix_cache.py`). Measured here: 4 BFCL prompts
     of 3-5k tokens left-padded into one batch took 128 s to prefill (SDPA's masked path) against
     ~11 s each alone, and batched decoding gains little on 2 cores.
-    `prefix_cache=False`: left-padded micro-batches of at most `max_batch_tokens` padded tokens,
-    sorted by length; the right choice on a GPU or for short prompts.
+    `prefix_cache=False` (the default on a GPU): left-padded micro-batches of at most `max_batch_tokens`
+    padded tokens, sorted by length; a GPU decodes a batch about as fast as one sequence.
     """
 
-    def __init__(self, model, tokenizer, max_batch_tokens: int = 32768, prefix_cache: bool = True) -> None:
+    def __init__(self, model, tokenizer, max_batch_tokens: int = 32768, prefix_cache: bool | None = None) -> None:
+        if prefix_cache is None:
+            prefix_cache = prefers_prefix_cache(model.device)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_tokens = max_batch_tokens
@@ -30,7 +37,7 @@ class HFBackend:
         self.calls = 0
 
     @classmethod
-    def load(cls, spec: str, max_batch_tokens: int = 32768, prefix_cache: bool = True) -> HFBackend:
+    def load(cls, spec: str, max_batch_tokens: int = 32768, prefix_cache: bool | None = None) -> HFBackend:
         """A backend for a model spec (`default`, `tiny`, or a local path); see `envace.policy.models`."""
         from envace.policy.models import load_policy
 
@@ -94,7 +101,7 @@ class HFBackend:
                 max_new_tokens=params.max_new_tokens, do_sample=sample,
                 temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
                 top_k=None, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
-                return_dict_in_generate=True, output_scores=params.logprobs)
+                return_dict_in_generate=True, output_logits=params.logprobs)
 
     def _generate_cached(self, prompt: list[int], params: SamplingParams) -> Generation:
         import torch
@@ -122,8 +129,10 @@ class HFBackend:
         stop_at = next((k for k, t in enumerate(ids) if t in self.stop_ids), None)
         ids = ids if stop_at is None else ids[: stop_at + 1]
         logprobs = None
-        if params.logprobs:
-            scores = self.model.compute_transition_scores(result.sequences, result.scores, normalize_logits=True)
-            logprobs = scores[row, : len(ids)].tolist()
+        if params.logprobs:  # of the model's own distribution, before temperature and top-p (as vLLM reports them)
+            import torch
+
+            raw = torch.stack([step[row] for step in result.logits[: len(ids)]]).float().log_softmax(-1)
+            logprobs = raw.gather(-1, torch.tensor(ids, device=raw.device).unsqueeze(-1)).squeeze(-1).tolist()
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(ids=ids, text=text, finish="length" if stop_at is None else "stop", logprobs=logprobs)

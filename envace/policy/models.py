@@ -35,6 +35,18 @@ def load_tokenizer(spec: str):
     return prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model(spec)))
 
 
+def tokenizer_for(spec: str):
+    """The tokenizer a spec's prompts are rendered with: a server spec names it (`?tokenizer=`), else its own."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from envace.policy.specs import is_remote
+
+    if is_remote(spec):
+        query = parse_qs(urlsplit(spec.split(",")[-1]).query)
+        return load_tokenizer(query.get("tokenizer", ["default"])[-1])
+    return load_tokenizer(spec)
+
+
 def add_lora(model, rank: int):
     """LoRA adapters on the attention projections; `disable_adapter()` then gives back the base model."""
     import warnings

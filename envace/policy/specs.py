@@ -82,6 +82,20 @@ def check_model_spec(spec: str) -> None:
         resolve_model(spec)
 
 
+def model_dir(spec: str) -> Path:
+    """A folder holding the spec's weights and tokenizer, for a server to load (`tiny` is saved once)."""
+    if spec == TINY_MODEL:
+        from envace.policy.tiny import saved_tiny
+
+        return saved_tiny()
+    where = resolve_model(spec)
+    if Path(where).exists():
+        return Path(where)
+    from huggingface_hub import try_to_load_from_cache
+
+    return Path(try_to_load_from_cache(where, "config.json")).parent
+
+
 def resolve_model(spec: str) -> str:
     """Turn a model spec into something `from_pretrained` can load offline, or raise UsageError."""
     if spec == DEFAULT_MODEL:

@@ -7,9 +7,11 @@ and tool-schema text, which keeps realistic prompts short in tokens and the test
 
 from __future__ import annotations
 
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
+from envace.paths import envace_home
 from envace.policy.tokenizer import prepare_tokenizer
 
 _TOKENIZER = Path(__file__).with_name("tiny_tokenizer.json")
@@ -30,7 +32,7 @@ def build_tiny_tokenizer():
     return prepare_tokenizer(tok)
 
 
-def build_tiny(seed: int = 0, hidden: int = 64, layers: int = 2):
+def build_tiny(seed: int = 0, hidden: int = 128, layers: int = 2):
     """(model, tokenizer): a 2-layer Llama, random init from `seed`, in float32."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -45,3 +47,18 @@ def build_tiny(seed: int = 0, hidden: int = 64, layers: int = 2):
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def saved_tiny() -> Path:
+    """`build_tiny()` saved once as a model folder (weights + tokenizer), for a vLLM server to load."""
+    out = envace_home() / "models" / "tiny-128"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    model, tok = build_tiny()
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

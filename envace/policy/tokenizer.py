@@ -1,8 +1,10 @@
-"""Tokenizers made ready for the engine: a chat template that renders tools, left padding, a pad token."""
+"""Tokenizers made ready for the engine: a ChatML chat template that renders tools, left padding, a pad token."""
 
 from __future__ import annotations
 
 END_OF_MESSAGE = "<|im_end|>"
+_PROBE_TOOL = {"type": "function", "function": {"name": "envace_probe_tool", "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
 
 
 def tool_chat_template() -> str:
@@ -15,9 +17,23 @@ def tool_chat_template() -> str:
     return qwen2_5_chat_template
 
 
+def renders_tools(tok) -> bool:
+    """Whether the tokenizer's own template is ChatML and shows the tools it is given (Qwen2.5, Qwen3 do)."""
+    if not getattr(tok, "chat_template", None):
+        return False
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+                                       tools=[_PROBE_TOOL], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this conversation is not usable here
+        return False
+    return "envace_probe_tool" in text and f"a{END_OF_MESSAGE}" in text
+
+
 def prepare_tokenizer(tok):
-    """Tool template, left padding for batched generation, and pad = eos (ChatML `<|im_end|>`)."""
-    tok.chat_template = tool_chat_template()
+    """The model's own template when it renders tools (else TRL's Qwen2.5 one), left padding for batched
+    generation, and pad = eos (ChatML `<|im_end|>`)."""
+    if not renders_tools(tok):
+        tok.chat_template = tool_chat_template()
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -57,10 +57,11 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
     simulated users (the policy itself when None); `max_context` defaults to the backend's.
     """
     sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
-    renderer = ChatRenderer(backend.tokenizer, config.tool_docs)
+    renderer = ChatRenderer(backend.tokenizer, config.tool_docs, config.thinking)
     examples = examples or ExampleBank()
-    rehearser = Rehearser(sampler, examples, config.rehearser, frozen=config.frozen_rehearser)
-    users = UserSimulator(sampler, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
+    rehearser = Rehearser(sampler, renderer, examples, config.rehearser, frozen=config.frozen_rehearser)
+    user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
+    users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
     private = PrivateRehearsal(config.private) if config.private.active else None
     return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
                          examples, users, private, max_context or getattr(backend, "max_context", None), id_prefix)

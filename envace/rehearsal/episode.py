@@ -54,7 +54,6 @@ class Episode:
     tools: dict[str, dict[str, Any]]
     ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
-    start_turn: int = 0  # turns before it were replayed from the gold reference (turn-level episodes)
     turn: int = 0
     turn_step: int = 0
     steps: list[list[list[ToolCall]]] = field(default_factory=lambda: [[]])  # dispatched calls, for the checker

@@ -24,9 +24,9 @@ from dataclasses import replace
 
 from envace.config import PrivateOptions
 from envace.fidelity import call_key
-from envace.formats import parse_tool_calls
+from envace.formats import parse_tool_calls, strip_thinking
 from envace.rehearsal.episode import Episode
-from envace.rehearsal.prompts import encode_messages, summariser_prompt
+from envace.rehearsal.prompts import summariser_prompt
 from envace.rehearsal.rehearser import Rehearser
 from envace.rehearsal.rollout import RolloutEngine
 from envace.rehearsal.sampler import Sampler
@@ -36,7 +36,7 @@ from envace.types import Role
 
 def parse_memory(text: str) -> tuple[str, str | None]:
     """(memory, error): plain text, tags stripped; empty or call-like output is no memory."""
-    body = re.sub(r"</?(rehearsal_memory|memory)>", "", text).strip()
+    body = re.sub(r"</?(rehearsal_memory|memory)>", "", strip_thinking(text)).strip()
     if parse_tool_calls(body).calls or "<tool_call>" in body:
         return "", "tool_call_in_memory"
     if not body:
@@ -60,7 +60,8 @@ class PrivateRehearsal:
                          decision_sample=0.0, embedding=False,
                          seed=engine.config.seed * 7_919 + engine.sampler.calls)
         sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
-        rehearser = Rehearser(sampler, engine.examples, config.rehearser, frozen=config.frozen_rehearser)
+        rehearser = Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
+                              frozen=config.frozen_rehearser)
         return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
                              engine.examples, max_context=engine.max_context)
 
@@ -102,8 +103,8 @@ class PrivateRehearsal:
                     "transcript": "\n".join(f"{who}: {text}" for who, text in transcript),
                     "termination": attempt.termination, "n_steps": steps, "n_calls": len(attempt.calls),
                     "caller_tokens": tokens[Role.CALLER], "rehearser_tokens": tokens[Role.REHEARSER]})
-            prompts = [encode_messages(engine.sampler.tokenizer, summariser_prompt(
-                ep.task.user_turns[ep.turn], transcripts[i], memory[i])) for i, ep in enumerate(episodes)]
+            prompts = [engine.renderer.messages(summariser_prompt(ep.task.user_turns[ep.turn], transcripts[i],
+                                                                  memory[i])) for i, ep in enumerate(episodes)]
             gens = engine.sampler(prompts, o.memory_tokens, greedy=True)
             for i, gen in enumerate(gens):
                 cost[i]["summariser_tokens"] += len(gen.ids)
@@ -126,5 +127,5 @@ class PrivateRehearsal:
         """Greedy first action of each committed turn without and with its memory: did the memory change it?"""
         prompts = [engine.turn_ids(ep, m) for ep, m in zip(episodes, memory, strict=True) for m in ("", m)]
         gens = engine.sampler(prompts, engine.config.max_new_tokens, greedy=True)
-        key = [call_key(parse_tool_calls(g.text).calls) for g in gens]
+        key = [call_key(parse_tool_calls(strip_thinking(g.text)).calls) for g in gens]
         return [key[2 * i] != key[2 * i + 1] for i in range(len(episodes))]

@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from envace.config import RehearserOptions
-from envace.formats import as_json_value, render_execution_result
+from envace.formats import as_json_value, render_execution_result, render_tool_call
 from envace.types import Task, ToolCall, ToolResult
 
-# A throwaway conversation ending in an assistant message: rendering it with and without the new
-# messages isolates exactly the text the template adds for them.
+# A throwaway conversation ending in an assistant message: rendering it with the new messages appended and
+# keeping what follows that message's end isolates exactly the text the template adds for them. The search
+# for the end (rather than subtracting the prefix's own rendering) also holds for templates that render an
+# earlier assistant message differently once more messages follow (Qwen3's drops its empty think block).
+_MARK = "<envace:last-assistant>"
 _PREFIX = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-           {"role": "assistant", "content": "a"}]
-
+           {"role": "assistant", "content": _MARK}]
 
 def compact_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool as name, one-sentence description and `argument: type` (`?` = optional).
@@ -50,23 +52,24 @@ def with_memory(text: str, memory: str) -> str:
 class ChatRenderer:
     """Renders a task's opening prompt and later message deltas into token ids.
 
-    `tool_docs="compact"` shows tools as `compact_tool` renders them instead of full JSON schemas.
+    `tool_docs="compact"` shows tools as `compact_tool` renders them instead of full JSON schemas;
+    `thinking` is the template's `enable_thinking` (Qwen3): off, the generation prompt closes an empty
+    think block so the model answers at once.
     """
 
-    def __init__(self, tokenizer, tool_docs: str = "full") -> None:
+    def __init__(self, tokenizer, tool_docs: str = "full", thinking: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.thinking = thinking
         self._shown = compact_tool if tool_docs == "compact" else (lambda tool: tool)
         self.end_of_message = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        prefix = self._render(_PREFIX, generation_prompt=False)
-        if not prefix.endswith("<|im_end|>\n"):
+        if f"{_MARK}<|im_end|>" not in self._render(_PREFIX, generation_prompt=False):
             raise ValueError("chat template is not ChatML: the assistant message should end with <|im_end|>")
-        # The generated message ends at <|im_end|>; the template's trailing newline belongs to the delta.
-        self._prefix_len = len(prefix) - 1
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
                 tools: list[dict[str, Any]] | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+                                                  add_generation_prompt=generation_prompt,
+                                                  enable_thinking=self.thinking)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -79,9 +82,17 @@ class ChatRenderer:
         return self.encode(self._render(messages, generation_prompt=True, tools=[self._shown(t) for t in task.tools]))
 
     def delta(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Ids of `messages` plus the next assistant header, to append after a finished assistant message."""
+        """Ids of `messages` plus the next assistant header, to append after a finished assistant message.
+
+        The generated message ends at <|im_end|>; the template's newline after it belongs to the delta.
+        """
         full = self._render(_PREFIX + messages, generation_prompt=True)
-        return self.encode(full[self._prefix_len:])
+        return self.encode(full[full.index(f"{_MARK}<|im_end|>") + len(f"{_MARK}<|im_end|>"):])
+
+    def messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A whole conversation (a rehearser's, summariser's or simulated user's prompt) with the next assistant
+        header."""
+        return self.encode(self._render(messages, generation_prompt=True, tools=tools))
 
     def tool_results(self, results: list[ToolResult]) -> list[int]:
         return self.delta([{"role": "tool", "content": r.content} for r in results])
@@ -162,16 +173,30 @@ def rehearser_prompt(task: Task, call: ToolCall, examples: list[Example], histor
     return messages
 
 
-def encode_messages(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
 # -- the summariser role ---------------------------------------------------------------------------
 
 SUMMARISER_SYSTEM = """You have privately rehearsed the user's request in an imagined copy of the tools: every result below was imagined, not real.
 Write a short memory for your one real attempt: which calls to make and in which order, what you expect them to return, and what went wrong in rehearsal.
 Reply in plain text, a few sentences, no tool calls."""  # noqa: E501
+
+
+def reference_memory(steps: list[Any], result_chars: int = 80) -> str:
+    """The memory a perfect summariser writes of a turn's reference trajectory (`ReferenceStep`s): the calls in
+    order with what they return, in plain text (the SFT target of the summariser role)."""
+    if not steps:
+        return "No call is needed: reply to the user directly."
+    lines = [f"{i}. {s.call.name} {json.dumps(s.call.arguments, ensure_ascii=False)} returns "
+             f"{s.result.content[:result_chars]}" for i, s in enumerate(steps, 1)]
+    return "Make these calls in order:\n" + "\n".join(lines) + "\nThen reply to the user without a call."
+
+
+def reference_transcript(steps: list[Any]) -> list[tuple[str, str]]:
+    """A turn's reference trajectory as an imagined attempt's transcript reads: each call its own message, its
+    result, and the closing answer (what the scripted reference caller writes)."""
+    out: list[tuple[str, str]] = []
+    for s in steps:
+        out += [("Assistant", render_tool_call(s.call)), (f"Tool[{s.call.name}]", s.result.content)]
+    return out + [("Assistant", "Done.")]
 
 
 def summariser_prompt(request: str, attempts: list[list[tuple[str, str]]], memory: str) -> list[dict[str, Any]]:

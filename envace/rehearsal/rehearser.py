@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 
 from envace.config import RehearserOptions
-from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result
+from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, strip_thinking
 from envace.rehearsal.episode import Pending
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.prompts import encode_messages, rehearser_prompt
+from envace.rehearsal.prompts import ChatRenderer, rehearser_prompt
 from envace.rehearsal.sampler import Sampler
 from envace.types import Role, ToolResult
 
@@ -50,8 +50,10 @@ class Rehearser:
     `frozen` generates with the base weights (adapters off): the rehearser of caller-only training.
     """
 
-    def __init__(self, sampler: Sampler, examples: ExampleBank, options: RehearserOptions, frozen: bool = False):
-        self.sampler, self.examples, self.options, self.frozen = sampler, examples, options, frozen
+    def __init__(self, sampler: Sampler, renderer: ChatRenderer, examples: ExampleBank, options: RehearserOptions,
+                 frozen: bool = False) -> None:
+        self.sampler, self.renderer, self.examples, self.options, self.frozen = \
+            sampler, renderer, examples, options, frozen
 
     def rehearse(self, pending: list[Pending]) -> list[Rehearsal]:
         if not pending:
@@ -62,11 +64,11 @@ class Rehearser:
             examples = self.examples.for_call(ep.task, p.call, self.options)
             shown.append([e.content for e in examples])
             messages = rehearser_prompt(ep.task, p.call, examples, ep.history, ep.latest, self.options)
-            prompts.append(encode_messages(self.sampler.tokenizer, messages))
+            prompts.append(self.renderer.messages(messages))
         gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen)
         out = []
         for p, prompt, gen, examples in zip(pending, prompts, gens, shown, strict=True):
-            parsed = parse_execution_result(gen.text)
+            parsed = parse_execution_result(strip_thinking(gen.text))
             p.episode.record(Role.REHEARSER, gen, len(prompt), prompt_ids=prompt, call_index=p.index,
                              parse_error=parsed.error, parse_detail=parsed.detail or None)
             out.append(Rehearsal(as_result(parsed), parsed, examples))

@@ -12,6 +12,11 @@ Who answers a call is the world's business alone (real environment, rehearser, b
 happens before a user turn is the hook's; the engine only plays the turns. Generated ids are appended
 verbatim (token-in-token-out), so step k+1's prompt starts with step k's prompt and completion.
 
+A turn task (`Task.start_turn` = k > 0, `envace.units`) starts after its gold prefix: turns 0..k-1 are
+replayed as the reference played them (each gold call its own caller message, the recorded real response
+fed back, a closing "Done."), the environment executing the calls too when the world may consult it, and
+the policy plays turn k alone.
+
 Terminations: `completed`, `step_limit` (max_steps_per_turn caller messages in one turn; BFCL
 force-terminates there), `context_exceeded`, `parse_error` (malformed call, on_parse_error =
 end_episode), `rehearsal_error` (malformed rehearsal fed back, rehearser.on_error = end_episode),
@@ -27,7 +32,7 @@ from typing import Protocol
 
 from envace.config import RolloutConfig
 from envace.envs.registry import Benchmark
-from envace.formats import parse_tool_calls
+from envace.formats import parse_tool_calls, render_tool_call, strip_thinking
 from envace.policy.backend import Generation
 from envace.rehearsal.episode import Episode, Pending
 from envace.rehearsal.examples import ExampleBank
@@ -36,6 +41,9 @@ from envace.rehearsal.sampler import Sampler
 from envace.rehearsal.user import UserSimulator
 from envace.rehearsal.worlds import Answer, World
 from envace.types import Role, Task, ToolCall
+
+# Rehearsed answers that refuse a call or fail to answer it (`rehearser.as_result`'s error kinds).
+REFUSALS = {"INVALID_TOOL_CALL_FORMAT", "TOOL_NOT_AVAILABLE", "INVALID_PARAMETERS", "INVALID_EXECUTION_RESULT"}
 
 
 class BeforeTurn(Protocol):
@@ -57,10 +65,13 @@ class RolloutEngine:
                  renderer: ChatRenderer | None = None, examples: ExampleBank | None = None,
                  users: UserSimulator | None = None, before_turn: BeforeTurn | None = None,
                  max_context: int | None = None, id_prefix: str = "") -> None:
+        if not isinstance(config.max_new_tokens, int):
+            raise ValueError("max_new_tokens = auto must be resolved on the gold data first (envace.units)")
         self.sampler, self.benchmark, self.config, self.world = sampler, benchmark, config, world
-        self.renderer = renderer or ChatRenderer(sampler.tokenizer, config.tool_docs)
+        self.renderer = renderer or ChatRenderer(sampler.tokenizer, config.tool_docs, config.thinking)
         self.examples = examples or ExampleBank()
-        self.users = users or UserSimulator(sampler, None, config.user_max_new_tokens, config.max_steps_per_turn)
+        self.users = users or UserSimulator(sampler, self.renderer, None, config.user_max_new_tokens,
+                                            config.max_steps_per_turn)
         self.before_turn = before_turn
         self.max_context = max_context
         self.id_prefix = id_prefix
@@ -80,8 +91,50 @@ class RolloutEngine:
             self.users.start(ep)
             return ep
         ep.history.append(("User", task.user_turns[0]))
+        if task.start_turn:
+            self._replay_gold_prefix(ep)
         self.open(ep)
         return ep
+
+    def _replay_gold_prefix(self, ep: Episode) -> None:
+        """Turns 0..start_turn-1 as the reference played them; see the module docstring."""
+        for _ in range(ep.task.start_turn):
+            ep.ids = self.turn_ids(ep)
+            ep.prompt_tokens = ep.prompt_tokens or len(ep.ids)  # the opening's
+            for step in ep.task.reference[ep.turn]:
+                self._append_message(ep, render_tool_call(step.call))
+                if self.world.touches_env:  # the real world's state must be the one the played turn starts in
+                    ep.env.execute(step.call)
+                ep.calls.append(self._call_row(ep, 0, step.call, "gold", step.result))
+                ep.history.append((f"Tool[{step.call.name}]", step.result.content))
+                ep.issued[ep.turn].append(step.call)
+                ep.steps[ep.turn].append([step.call] if step.result.dispatched else [])
+                ep.ids.extend(self.renderer.tool_results([step.result]))
+                ep.turn_step += 1
+            self._append_message(ep, "Done.")
+            ep.texts.append("Done.")
+            ep.turn, ep.turn_step = ep.turn + 1, 0
+            ep.steps.append([])
+            ep.issued.append([])
+            ep.history.append(("User", ep.task.user_turns[ep.turn]))
+
+    def _append_message(self, ep: Episode, text: str) -> None:
+        """A caller message the policy did not write (the gold prefix), as the tokenizer spells it."""
+        ep.ids.extend(self.renderer.encode(text) + [self.renderer.end_of_message])
+        ep.history.append(("Assistant", text))
+
+    @staticmethod
+    def _call_row(ep: Episode, index: int, call: ToolCall, source: str, result) -> dict:
+        return {"episode_id": ep.episode_id, "turn": ep.turn, "turn_step": ep.turn_step, "call_index": index,
+                "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "source": source,
+                "response": result.content, "is_error": result.is_error, "error_kind": result.error_kind}
+
+    def step_limit(self, ep: Episode) -> int:
+        """Caller messages allowed in the current turn: the config's, or the turn's gold calls + 1 (`auto`)."""
+        if self.config.max_steps_per_turn != "auto":
+            return self.config.max_steps_per_turn
+        turn = min(ep.turn, len(ep.task.reference) - 1)
+        return len(ep.task.reference[turn]) + 1 if turn >= 0 else 1
 
     def turn_ids(self, ep: Episode, memory: str = "") -> list[int]:
         """The caller context with the current user turn rendered (with a private-rehearsal memory)."""
@@ -106,35 +159,35 @@ class RolloutEngine:
         ep.ids.extend(gen.ids)
         if gen.finish == "length":  # close the cut-off message so the next delta renders after it
             ep.ids.append(self.renderer.end_of_message)
-        parsed = parse_tool_calls(gen.text)
+        text = strip_thinking(gen.text)  # a call inside the model's thinking is no action
+        parsed = parse_tool_calls(text)
         ep.record(Role.CALLER, gen, prompt_len, n_calls=len(parsed.calls), parse_error=parsed.error,
                   parse_detail=parsed.detail or None,
                   user_message=ep.task.user_turns[ep.turn] if ep.turn_step == 0 else None)
-        ep.latest = gen.text
+        ep.latest = text
         if parsed.error and self.config.on_parse_error == "end_episode":
             ep.termination = "parse_error"
             return []
         if parsed.calls:
             return parsed.calls
-        ep.history.append(("Assistant", gen.text))
-        ep.texts.append(gen.text)
+        ep.history.append(("Assistant", text))
+        ep.texts.append(text)
         self._end_turn(ep)
         return []
 
     def _on_answers(self, ep: Episode, calls: list[ToolCall], answers: list[Answer]) -> None:
         ep.history.append(("Assistant", ep.latest))
         for index, (call, answer) in enumerate(zip(calls, answers, strict=True)):
-            ep.calls.append({
-                "episode_id": ep.episode_id, "turn": ep.turn, "turn_step": ep.turn_step, "call_index": index,
-                "name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False), "source": answer.source,
-                "response": answer.fed.content, "is_error": answer.fed.is_error, "error_kind": answer.fed.error_kind,
-            })
+            ep.calls.append(self._call_row(ep, index, call, answer.source, answer.fed))
             ep.history.append((f"Tool[{call.name}]", answer.fed.content))
-        ep.issued[ep.turn].extend(calls)
+        # a call the rehearser refused (or answered with a malformed result) did not happen in the world the
+        # caller played in: it cannot pass its checklist item
+        ep.issued[ep.turn].extend(c for c, a in zip(calls, answers, strict=True)
+                                  if not (a.source == "rehearsed" and a.fed.error_kind in REFUSALS))
         ep.steps[ep.turn].append([c for c, a in zip(calls, answers, strict=True) if a.dispatched])
         ep.ids.extend(self.renderer.tool_results([a.fed for a in answers]))
         ep.turn_step += 1
-        if ep.turn_step >= self.config.max_steps_per_turn:
+        if ep.turn_step >= self.step_limit(ep):
             ep.termination = "step_limit"
         ends = next((a.ends for a in answers if a.ends), None)
         if ends and ep.termination is None:

@@ -11,18 +11,19 @@ never trained.
 
 from __future__ import annotations
 
-from envace.formats import parse_tool_calls
+from envace.formats import parse_tool_calls, strip_thinking
 from envace.policy.backend import Backend
 from envace.rehearsal.episode import Episode
-from envace.rehearsal.prompts import encode_messages
+from envace.rehearsal.prompts import ChatRenderer
 from envace.rehearsal.sampler import Sampler
 from envace.types import Role
 
 
 class UserSimulator:
-    def __init__(self, sampler: Sampler, backend: Backend | None = None, max_new_tokens: int = 128,
-                 max_tool_steps: int = 20) -> None:
-        self.sampler, self.backend = sampler, backend  # backend None: the policy plays the user too
+    def __init__(self, sampler: Sampler, renderer: ChatRenderer, backend: Backend | None = None,
+                 max_new_tokens: int = 128, max_tool_steps: int = 20) -> None:
+        # backend None: the policy plays the user too; `renderer` renders prompts for the user's tokenizer
+        self.sampler, self.renderer, self.backend = sampler, renderer, backend
         self.max_new_tokens, self.max_tool_steps = max_new_tokens, max_tool_steps
 
     @staticmethod
@@ -39,15 +40,14 @@ class UserSimulator:
 
     def respond(self, waiting: list[Episode]) -> list[Episode]:
         """Write every waiting episode's next user message; returns those whose message opens a caller turn."""
-        tokenizer = (self.backend or self.sampler.backend).tokenizer
-        prompts = [encode_messages(tokenizer, [{"role": "system", "content": ep.task.simulated_user.system_prompt},
-                                               *ep.user_view], ep.task.simulated_user.tools or None)
+        prompts = [self.renderer.messages([{"role": "system", "content": ep.task.simulated_user.system_prompt},
+                                           *ep.user_view], ep.task.simulated_user.tools or None)
                    for ep in waiting]
         gens = self.sampler(prompts, self.max_new_tokens, backend=self.backend)
         opened = []
         for ep, prompt, gen in zip(waiting, prompts, gens, strict=True):
             ep.record(Role.USER, gen, len(prompt), prompt_ids=prompt, call_index=0)
-            text = gen.text.strip()
+            text = strip_thinking(gen.text).strip()
             ep.user_view.append({"role": "assistant", "content": text})
             user = ep.task.simulated_user
             calls = parse_tool_calls(text).calls if user.tools else []

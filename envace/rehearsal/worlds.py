@@ -26,7 +26,7 @@ from typing import Any
 
 from envace import fidelity
 from envace.envs.validate import check_call
-from envace.formats import parse_tool_calls
+from envace.formats import parse_tool_calls, strip_thinking
 from envace.rehearsal.episode import Episode, Pending
 from envace.rehearsal.prompts import ChatRenderer
 from envace.rehearsal.rehearser import Rehearsal, Rehearser
@@ -50,10 +50,12 @@ class Answer:
 class World:
     """Answers pending calls; `finish` runs once after a batch of episodes has played out.
 
-    `kind` says which response an answer of this world holds (`real`, `rehearsed`), `mixed` when it varies.
+    `kind` says which response an answer of this world holds (`real`, `rehearsed`), `mixed` when it varies;
+    `touches_env` whether it may ask an episode's environment anything.
     """
 
     kind = "mixed"
+    touches_env = True
 
     def answer(self, pending: list[Pending]) -> list[Answer]:
         raise NotImplementedError
@@ -77,6 +79,7 @@ class RehearsedWorld(World):
     """The rehearser answers; `on_error = end_episode` ends an episode fed a malformed rehearsal."""
 
     kind = "rehearsed"
+    touches_env = False
 
     def __init__(self, rehearser: Rehearser) -> None:
         self.rehearser = rehearser
@@ -93,6 +96,7 @@ class DynaMix(World):
 
     def __init__(self, real: World, rehearsed: World, fraction: float, rng: random.Random) -> None:
         self.real, self.rehearsed, self.fraction, self.rng = real, rehearsed, fraction, rng
+        self.touches_env = fraction > 0
 
     def answer(self, pending: list[Pending]) -> list[Answer]:
         to_real = [self.rng.random() < self.fraction for _ in pending]
@@ -136,7 +140,7 @@ class Forks:
         gens = self.sampler([p for _, after_real, after_rehearsed in self.open for p in (after_real, after_rehearsed)],
                             self.max_new_tokens, greedy=True)
         for n, (pair, _, _) in enumerate(self.open):
-            a, b = (parse_tool_calls(gens[2 * n + j].text) for j in (0, 1))
+            a, b = (parse_tool_calls(strip_thinking(gens[2 * n + j].text)) for j in (0, 1))
             changed = fidelity.call_key(a.calls) != fidelity.call_key(b.calls)
             pair["decision_changed"] = changed or (a.error is None) != (b.error is None)
         self.open = []
@@ -153,6 +157,7 @@ class Shadow(World):
     def __init__(self, fed: World, beside: World, share: float = 1.0, rng: random.Random | None = None,
                  forks: Forks | None = None, embedding: bool = False) -> None:
         self.fed, self.beside, self.share, self.rng = fed, beside, share, rng or random.Random(0)
+        self.touches_env = fed.touches_env or (beside.touches_env and share > 0)
         self.forks, self.embedding = forks, embedding
         self.pairs: list[dict[str, Any]] = []
 

@@ -8,6 +8,7 @@ from envace.errors import UsageError
 from envace.policy.scripted import ReferencePolicy
 from envace.rehearsal.build import build_engine
 from envace.rehearsal.episode import Episode, Generated
+from envace.rehearsal.prompts import reference_memory, reference_transcript, summariser_prompt
 from envace.training.grpo import Row
 from envace.types import Task
 
@@ -19,8 +20,8 @@ def training_rows(episodes: list[Episode], roles: tuple[str, ...]) -> tuple[list
     a rehearser row's prompt is its own rehearser prompt.
     """
     picked = [(ep, g) for ep in episodes for g in ep.generations if g.role in roles]
-    return [g for _, g in picked], [Row(ep.task.uid, g.role, list(g.prompt(ep.ids)), list(g.gen.ids), g.reward)
-                                    for ep, g in picked]
+    return [g for _, g in picked], [Row(ep.task.uid, g.role, list(g.prompt(ep.ids)), list(g.gen.ids), g.reward,
+                                        g.gen.logprobs) for ep, g in picked]
 
 
 def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser: RehearserOptions,
@@ -46,4 +47,16 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
         for episode in engine.run_batch([(task, 0)]):
             _, episode_rows = training_rows([episode], ("caller", "rehearser"))
             rows += [Row(r.task_uid, r.role, r.prompt_ids, r.completion_ids, 1.0) for r in episode_rows]
+        rows += summariser_rows(task, engine.renderer)
     return rows
+
+
+def summariser_rows(task: Task, renderer) -> list[Row]:
+    """One row per turn: the summariser prompt private rehearsal sends after one imagined attempt that played the
+    reference, and the reference memory of that turn as its target (so an SFT'd policy writes a plain-text memory
+    when asked for one, not a tool call)."""
+    end = renderer.end_of_message
+    return [Row(task.uid, "summariser",
+                renderer.messages(summariser_prompt(task.user_turns[k], [reference_transcript(steps)], "")),
+                renderer.encode(reference_memory(steps)) + [end], 1.0)
+            for k, steps in enumerate(task.reference)]

@@ -1,17 +1,27 @@
 """`envace train`: SFT warm-up, then role-wise GRPO with no environment in the loop.
 
-Each GRPO step plays `tasks_per_step` train tasks G times in `rehearse` mode (the policy is caller and
-environment), scores every episode with the checklist reward, turns every generation into a row,
-and takes one update (`grpo.grpo_step`). Per-step, per-role metrics and every step's episodes go to
-the run store; the final weights are saved under the run folder. Optional on top: a Dyna-style share
-of calls answered by the real environment (`real_fraction`), evaluation on test tasks every
-`eval_every` updates, and data parallelism over `accelerate launch` processes (`distributed.py`),
-optionally fully sharded (`fsdp.py`), in which case rollouts run on a whole copy of the weights.
+    load the policy (+ LoRA), the train tasks and the train-split example bank
+    SFT: the scripted reference policy's rows (`rows.reference_rows`), NLL, whole packs per step
+    for each GRPO step k:
+        tasks = sample(train tasks, seed, k)                          # nothing random carries over steps
+        episodes = G rollouts per task in the rehearsed world         # `TrainConfig.rollout_at(k)`
+        reward = checklist of each episode, shared by both roles      # `record.score`, `rewards.share`
+        A = reward − mean over the same (task, role)                  # `grpo.role_advantages`
+        one update on every generation of the trained roles           # `grpo.grpo_step`
+        store the advantages on the very generations, and every table # `record.write_step`
+        push the weights to vLLM servers, when they generate          # `served.ServedPolicy.sync`
+        evaluate every `eval_every` updates on test tasks             # `evaluate`
+    save the final weights (LoRA merged) to <run>/checkpoint
 
-Resume is exact because nothing random carries over between steps: step k's tasks and sampling
-seeds derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written
-after SFT and every `save_every` steps, atomically) is all a killed run needs. Shards are keyed by
-step, so a step redone after a kill rewrites its rows instead of duplicating them.
+Optional on top: a Dyna-style share of calls answered by the real environment (`rollout.real_fraction`),
+a shadow share of episodes paired with the real environment (`rollout.shadow_fraction`), and data
+parallelism over `accelerate launch` processes (`distributed.py`), optionally fully sharded (`fsdp.py`),
+in which case rollouts run on a whole copy of the weights.
+
+Resume is exact because nothing random carries over between steps: step k's tasks and sampling seeds
+derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written after SFT
+and every `save_every` steps, atomically) is all a killed run needs. Shards are keyed by step, so a step
+redone after a kill rewrites its rows instead of duplicating them.
 """
 
 from __future__ import annotations
@@ -21,14 +31,16 @@ import random
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import duckdb
 import torch
 
-from envace import ledger, record, rewards
+from envace import ledger, record, rewards, units
 from envace.config import TrainConfig
 from envace.envs import registry
+from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, load_policy
@@ -36,16 +48,39 @@ from envace.rehearsal.build import build_engine
 from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
 from envace.store import Run
+from envace.trackers import Tracker, keyed, open_tracker
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
-from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages
+from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages, signal_groups
 from envace.training.rows import reference_rows, training_rows
+from envace.training.served import ServedPolicy
 from envace.types import Role
 
 
-def _metric_rows(run: Run, step: int, phase: str, values: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    return [{"run_id": run.run_id, "step": step, "phase": phase, "role": role, "name": name, "value": float(v)}
-            for role, named in values.items() for name, v in named.items()]
+@dataclass
+class Session:
+    """What every phase of one training run shares."""
+
+    cfg: TrainConfig
+    run: Run
+    procs: Processes
+    say: Callable[[str], None]
+    benchmark: Benchmark
+    bank: ExampleBank
+    model: Any  # the trained module (FSDP-sharded when asked)
+    generator: Any  # the module rollouts generate with: `model` itself unless FSDP shards it
+    optimizer: Any = None
+    backend: Any = None  # HFBackend on `generator`, or the vLLM servers' RemoteBackend
+    served: ServedPolicy | None = None
+    tracker: Tracker = field(default_factory=Tracker)
+
+
+def _write_metrics(run: Run, tracker: Tracker, step: int, phase: str, values: dict[str, dict[str, float]],
+                   shard: str) -> None:
+    """One step's metrics (per role) into the store, and the same numbers to the experiment tracker."""
+    run.write("metrics", shard, [{"run_id": run.run_id, "step": step, "phase": phase, "role": role, "name": name,
+                                  "value": float(v)} for role, named in values.items() for name, v in named.items()])
+    tracker.log(keyed(phase, values), step)
 
 
 def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes) -> None:
@@ -70,24 +105,23 @@ def _std(values: torch.Tensor) -> float:
 _FIDELITY = ("valid_json", "exact", "structure_f1", "value_acc", "error_agree")
 
 
-def evaluate(backend: HFBackend, benchmark, cfg: TrainConfig, bank: ExampleBank, run: Run, updates: int
-             ) -> dict[str, float]:
+def evaluate(s: Session, updates: int) -> dict[str, float]:
     """Greedy episodes on the first `eval_limit` test tasks (`TrainConfig.evaluation`: the real environment,
     the rehearser as a shadow, leakage-free grounding), stored in the run at step `updates` with phase
     `eval`: official success, checklist, well-formed calls and the rehearser's fidelity against the real
     environment (the ledger's own aggregate over the stored pairs)."""
-    rollout = cfg.evaluation()
-    engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"eval{updates}:")
-    episodes = engine.run_batch([(t, 0) for t in benchmark.load_tasks(rollout.category, "test", cfg.eval_limit)])
+    rollout, tasks = units.select(s.cfg.evaluation(), s.benchmark, s.backend.tokenizer)
+    engine = build_engine(s.backend, s.benchmark, rollout, s.bank, id_prefix=f"eval{updates}:")
+    episodes = engine.run_batch([(t, 0) for t in tasks])
     rows = [record.score(ep, rollout.mode, "eval") for ep in episodes]
     for ep, row in zip(episodes, rows, strict=True):
         rewards.share(ep.generations, row["checklist"])
     shard = f"eval-{updates:05d}"
-    record.write_step(run, updates, episodes, rows, shard)
+    record.write_step(s.run, updates, episodes, rows, shard)
     summary = record.summarise(episodes, rows).as_dict()
     out = {k: summary[k] for k in ("success_rate", "checklist", "well_formed_rate", "parse_error_rate")}
-    pairs_shard = run.path / "pairs" / f"{shard}.parquet"
-    overall = ledger.means(ledger.tool_sums(duckdb.connect(), f"read_parquet('{pairs_shard}')", run.run_id))
+    pairs_shard = s.run.path / "pairs" / f"{shard}.parquet"
+    overall = ledger.means(ledger.tool_sums(duckdb.connect(), f"read_parquet('{pairs_shard}')", s.run.run_id))
     overall = overall[overall["tool"] == "all"]
     out["pairs"] = int(overall["pairs"].iloc[0]) if len(overall) else 0
     out["rehearsal_error_rate"] = float(overall["malformed"].iloc[0]) if len(overall) else 0.0
@@ -95,19 +129,18 @@ def evaluate(backend: HFBackend, benchmark, cfg: TrainConfig, bank: ExampleBank,
     return out
 
 
-def _evaluate_at(updates: int, backend: HFBackend, benchmark, cfg: TrainConfig, bank: ExampleBank, run: Run, model,
-                 procs: Processes, say: Callable[[str], None]) -> None:
-    if not procs.main:  # process 0 evaluates while the others wait
-        procs.wait()
+def _evaluate_at(s: Session, updates: int) -> None:
+    if not s.procs.main:  # process 0 evaluates while the others wait
+        s.procs.wait()
         return
-    model.eval()
-    backend.clear_caches()
-    scores = evaluate(backend, benchmark, cfg, bank, run, updates)
-    run.write("metrics", f"eval-{updates:05d}", _metric_rows(run, updates, "eval", {"all": scores}))
-    procs.wait()
-    say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist {scores['checklist']:.3f}, "
-        f"well-formed {scores['well_formed_rate']:.2f}, rehearsal exact {scores.get('exact', 0.0):.2f} "
-        f"over {scores['pairs']} pairs")
+    s.generator.eval()
+    s.backend.clear_caches()
+    scores = evaluate(s, updates)
+    _write_metrics(s.run, s.tracker, updates, "eval", {"all": scores}, f"eval-{updates:05d}")
+    s.procs.wait()
+    s.say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist "
+          f"{scores['checklist']:.3f}, well-formed {scores['well_formed_rate']:.2f}, rehearsal exact "
+          f"{scores.get('exact', 0.0):.2f} over {scores['pairs']} pairs")
 
 
 def _chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int]]]:
@@ -141,6 +174,7 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
                   stats: dict[str, Any], real_fraction: float) -> dict[str, dict[str, float]]:
     """Per-role metrics of one GRPO step (this process's share of the batch)."""
     per_role: dict[str, dict[str, float]] = {"all": {k: v for k, v in stats.items() if isinstance(v, int | float)}}
+    signal = signal_groups(rows)
     for role in (Role.CALLER, Role.REHEARSER):
         picked = [i for i, r in enumerate(rows) if r.role == role]
         if picked:
@@ -151,6 +185,7 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
                 "rows": len(picked), "reward_mean": rewards.mean().item(), "reward_std": _std(rewards),
                 "adv_mean": adv.mean().item(), "adv_std": _std(adv), "adv_abs_mean": adv.abs().mean().item(),
                 "tokens": sum(len(rows[i].completion_ids) for i in picked), "error_rate": errors / len(picked),
+                "signal_groups": signal.get(role.value, 0.0),
                 **{f"adv_bin_{name}": float(((adv >= lo) & (adv < hi)).sum()) for name, lo, hi in _ADV_BINS}}
     per_role["all"].update(checklist_mean=sum(r["checklist"] for r in scored) / len(scored),
                            real_fraction=real_fraction,
@@ -159,7 +194,7 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
     return per_role
 
 
-def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Processes,
+def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Processes, tracker: Tracker,
          say: Callable[[str], None]) -> dict[str, float]:
     """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL."""
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
@@ -181,8 +216,8 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
                 optimizer.step()
             losses.append(procs.total(stats["loss"] * len(batch)) / sum(len(pk) for pk in chunk))
             if procs.main:
-                run.write("metrics", f"sft-{step:05d}", _metric_rows(run, step, "sft", {"all": {
-                    "nll": losses[-1], "tokens": stats["tokens"], "epoch": epoch}}))
+                _write_metrics(run, tracker, step, "sft", {"all": {"nll": losses[-1], "tokens": stats["tokens"],
+                                                                   "epoch": epoch}}, f"sft-{step:05d}")
             step += 1
             say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step, total)}")
         nll[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
@@ -199,44 +234,82 @@ def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable
     return procs
 
 
-def _warm_up(cfg: TrainConfig, benchmark, train_tasks, bank, tok, model, run: Run, procs: Processes,
-             say: Callable[[str], None]) -> dict[str, float]:
-    rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], benchmark, tok, cfg.rollout.rehearser,
-                                      cfg.rollout.caller_demo, bank, cfg.rollout.tool_docs)
-            if r.role in cfg.trained_roles]
-    say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
-        f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {procs.world} processes" if procs.world > 1 else ""))
-    return _sft(cfg, model, rows, tok.pad_token_id, run, procs, say)
+def _warm_up(s: Session, train_tasks, tok) -> dict[str, float]:
+    cfg = s.cfg
+    rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], s.benchmark, tok, cfg.rollout.rehearser,
+                                      cfg.rollout.caller_demo, s.bank, cfg.rollout.tool_docs)
+            if r.role in cfg.trained_roles or r.role == "summariser"]  # every role the trained weights play
+    s.say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
+          f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {s.procs.world} processes" if s.procs.world > 1 else ""))
+    return _sft(cfg, s.model, rows, tok.pad_token_id, s.run, s.procs, s.tracker, s.say)
 
 
-def _grpo_step(step: int, cfg: TrainConfig, benchmark, tasks, backend: HFBackend, bank, model, generator,
-               optimizer, run: Run, procs: Processes, say: Callable[[str], None]) -> dict[str, dict[str, float]]:
+def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
     """One role-wise GRPO update: play, score, share the reward, centre it per (task, role), update, record."""
-    generator.eval()
-    backend.clear_caches()  # cached keys and values belong to the weights before the last update
-    rollout = cfg.rollout_at(step, procs.rank)
-    engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"s{step}:")
-    engine.on_step = _heartbeat(say, f"GRPO step {step + 1} rollouts")
+    cfg = s.cfg
+    started = time.perf_counter()
+    s.generator.eval()
+    s.backend.clear_caches()  # cached keys and values belong to the weights before the last update
+    rollout = cfg.rollout_at(step, s.procs.rank)
+    engine = build_engine(s.backend, s.benchmark, rollout, s.bank, id_prefix=f"s{step}:")
+    engine.on_step = _heartbeat(s.say, f"GRPO step {step + 1} rollouts")
     episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
     scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]
     for ep, row in zip(episodes, scored, strict=True):
         rewards.share(ep.generations, row["checklist"])
+        if cfg.rehearser_reward == "task+fidelity":
+            rewards.add_fidelity(ep.generations, ep.pairs, cfg.fidelity_weight)
     generations, rows = training_rows(episodes, cfg.trained_roles)
     advantages = role_advantages(rows, cfg.scale_by_std)
-    model.train()
-    stats = grpo_step(model, optimizer, rows, advantages, backend.tokenizer.pad_token_id, processes=procs)
-    procs.sync(model, generator)
+    rollout_s = time.perf_counter() - started
+    s.model.train()
+    stats = grpo_step(s.model, s.optimizer, rows, advantages, s.backend.tokenizer.pad_token_id, processes=s.procs,
+                      importance_cap=cfg.vllm_importance_cap)
+    s.procs.sync(s.model, s.generator)
+    if s.served is not None:  # the servers generate the next step with the weights just updated
+        stats["sync_s"] = s.served.sync(s.generator)
+    stats.update(rollout_s=rollout_s, step_s=time.perf_counter() - started)
     for g, a in zip(generations, advantages, strict=True):  # stored exactly as the update used them
         g.advantage, g.trained = a, not stats["skipped"]
     per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
-    shard = f"step-{step:05d}" + (f"-p{procs.rank}" if procs.world > 1 else "")
-    if procs.main:
-        run.write("metrics", shard, _metric_rows(run, step, "grpo", per_role))
-    record.write_step(run, step, episodes, scored, shard)
-    say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
-        f"{per_role['all']['checklist_mean']:.3f}, loss {stats['loss']:.4f}"
-        + (" (skipped: non-finite)" if stats["skipped"] else ""))
+    shard = f"step-{step:05d}" + (f"-p{s.procs.rank}" if s.procs.world > 1 else "")
+    if s.procs.main:
+        _write_metrics(s.run, s.tracker, step, "grpo", per_role, shard)
+    record.write_step(s.run, step, episodes, scored, shard)
+    signal = ", ".join(f"{role} {per_role[role]['signal_groups']:.0%}" for role in ("caller", "rehearser")
+                       if role in per_role)
+    adv = ", ".join(f"{role} ±{per_role[role]['adv_std']:.3f}" for role in ("caller", "rehearser") if role in per_role)
+    s.say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
+          f"{per_role['all']['checklist_mean']:.3f}, groups with signal: {signal or '-'}; "
+          f"advantage spread {adv or '-'}; loss {stats['loss']:.4f}"
+          + (" (skipped: non-finite)" if stats["skipped"] else ""))
     return per_role
+
+
+def _served(s: Session, tok) -> ServedPolicy | None:
+    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `servers`), holding the weights trained so far."""
+    cfg = s.cfg
+    if cfg.rollout.backend != "vllm" and not cfg.servers:
+        return None
+    if s.procs.world > 1:
+        raise UsageError("vLLM rollouts train in one process (the servers batch every episode of a step)")
+    served = ServedPolicy.start(cfg.model, cfg.servers, cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
+                                s.run.path / "served", s.say)
+    s.say(f"vLLM: weights synced in {served.sync(s.generator):.2f} s")
+    return served
+
+
+def _save_checkpoint(s: Session, tok) -> Any:
+    out = s.run.path / "checkpoint"
+    if s.procs.main:
+        partial = s.run.path / f".checkpoint.{os.getpid()}.partial"
+        (s.generator.merge_and_unload() if s.cfg.lora else s.generator).save_pretrained(partial)
+        tok.save_pretrained(partial)
+        if out.exists():  # a resumed run replaces its earlier checkpoint
+            shutil.rmtree(out)
+        os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind
+    s.procs.wait()
+    return out
 
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
@@ -254,48 +327,53 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         model.enable_input_require_grads()  # LoRA leaves the embeddings frozen; checkpointed blocks need a grad path
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
-    generator = procs.prepare(model)  # `model` itself unless FSDP shards it
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
-    bank = ExampleBank(train_tasks)
+    rollout, pool = units.select(cfg.rollout, benchmark, tok)  # turn units, and an `auto` budget resolved
+    if len(pool) < cfg.tasks_per_step:
+        raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
+                         f"{rollout.unit}s to sample from")
+    cfg = replace(cfg, rollout=rollout)
+    say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
+    s = Session(cfg, run, procs, say, benchmark, ExampleBank(train_tasks), model, procs.prepare(model))
+    if procs.main:  # process 0 speaks for all, to the tracker too
+        s.tracker = open_tracker(cfg.report_to, run, asdict(cfg))
     summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
-    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
+    s.optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
     state_path = run.path / "state.pt"
     saved = state_path.exists()  # read once: every process must agree on whether to save (a collective)
     start = 0
     if resume and saved:
-        state = torch.load(state_path, weights_only=True, map_location=generator.device)
-        procs.load(model, optimizer, state)
+        state = torch.load(state_path, weights_only=True, map_location=s.generator.device)
+        procs.load(model, s.optimizer, state)
         start = state["next_step"]
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
-        summary.update(_warm_up(cfg, benchmark, train_tasks, bank, tok, model, run, procs, say))
+        summary.update(_warm_up(s, train_tasks, tok))
         if procs.main:
             run.update(summary=summary)
     if not saved:
-        _save_state(run, model, optimizer, 0, procs)
-    procs.sync(model, generator)
+        _save_state(run, model, s.optimizer, 0, procs)
+    procs.sync(model, s.generator)
 
-    backend = HFBackend(generator, tok)
-    if cfg.eval_every and start == 0:
-        _evaluate_at(0, backend, benchmark, cfg, bank, run, generator, procs, say)
-    started = time.perf_counter()
-    for step in range(start, cfg.grpo_steps):
-        tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(train_tasks, cfg.tasks_per_step))
-        _grpo_step(step, cfg, benchmark, tasks, backend, bank, model, generator, optimizer, run, procs, say)
-        say(f"  {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
-        if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
-            _evaluate_at(step + 1, backend, benchmark, cfg, bank, run, generator, procs, say)
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
-            _save_state(run, model, optimizer, step + 1, procs)
-    out = run.path / "checkpoint"
-    if procs.main:
-        partial = run.path / f".checkpoint.{os.getpid()}.partial"
-        (generator.merge_and_unload() if cfg.lora else generator).save_pretrained(partial)
-        tok.save_pretrained(partial)
-        if out.exists():  # a resumed run replaces its earlier checkpoint
-            shutil.rmtree(out)
-        os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind
-    procs.wait()
+    s.served = _served(s, tok) if cfg.grpo_steps > start or cfg.eval_every else None  # nothing to generate: none
+    s.backend = s.served.backend if s.served else HFBackend(s.generator, tok)
+    try:
+        if cfg.eval_every and start == 0:
+            _evaluate_at(s, 0)
+        started = time.perf_counter()
+        for step in range(start, cfg.grpo_steps):
+            tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step))
+            _grpo_step(s, step, tasks)
+            say(f"  {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
+            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
+                _evaluate_at(s, step + 1)
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
+                _save_state(run, model, s.optimizer, step + 1, procs)
+    finally:
+        if s.served is not None:
+            s.served.close()
+        s.tracker.close()
+    out = _save_checkpoint(s, tok)
     summary["checkpoint"] = str(out)
     say(f"saved {out}")
     return summary

@@ -4,7 +4,7 @@ Self-contained: `data.py` loads tasks and schemas, `calls.py` converts between g
 strings and parsed calls, `env.py` runs episodes and scores them with BFCL's `multi_turn_checker`.
 """
 
-from envace.envs.bfcl.data import CATEGORIES, load_tasks
+from envace.envs.bfcl.data import CATEGORIES, load_tasks, truncate
 from envace.envs.bfcl.env import BFCLEnv
 
-__all__ = ["BFCLEnv", "CATEGORIES", "load_tasks"]
+__all__ = ["BFCLEnv", "CATEGORIES", "load_tasks", "truncate"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,16 @@ def replay_reference(task: Task) -> list[list[ReferenceStep]]:
             steps.append(ReferenceStep(call=call, result=env.execute(call)))
         turns.append(steps)
     return turns
+
+
+def truncate(task: Task, k: int) -> Task:
+    """The task cut after turn k: its user turns, reference, held-out tools and the checker's ground truth
+    and questions all end there, so BFCL's own checker scores turns 0..k."""
+    entry = {**task.payload["entry"], "question": task.payload["entry"]["question"][: k + 1]}
+    payload = {**task.payload, "entry": entry, "ground_truth": task.payload["ground_truth"][: k + 1]}
+    return replace(task, uid=f"{task.uid}@t{k}", user_turns=task.user_turns[: k + 1],
+                   reference=task.reference[: k + 1], payload=payload,
+                   tools_added={t: tools for t, tools in task.tools_added.items() if t <= k})
 
 
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
