@@ -60,12 +60,12 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
                                     elem_id="runs-table")
             with gr.Tab("Inspector", id="inspector"):
                 inspected = inspector.build(app, wb, timer)
-            with gr.Tab("Fidelity", id="fidelity"):
-                dashboards.fidelity_tab(app, wb, timer)
-            with gr.Tab("Private rehearsal", id="rehearsal"):
-                swept = dashboards.rehearsal_tab(app, wb, timer)
-            with gr.Tab("Training", id="training"):
-                trained = dashboards.training_tab(app, wb, timer)
+            with gr.Tab("Fidelity", id="fidelity") as tab:
+                dashboards.fidelity_tab(app, wb, timer, tab)
+            with gr.Tab("Private rehearsal", id="rehearsal") as tab:
+                swept = dashboards.rehearsal_tab(app, wb, timer, tab)
+            with gr.Tab("Training", id="training") as tab:
+                trained = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch"):
                 launcher.build(app, wb, timer, Path(experiments))
 

@@ -1,6 +1,7 @@
 """The chart tabs: Fidelity, Private rehearsal and Training. Each picks runs, draws the workbench's figures for
-them on first open and whenever the pick changes, follows a run that is still writing, and says what is
-missing (and which command makes it) when there is nothing to draw."""
+them on load, on opening the tab (so it shows what the store holds now) and whenever the pick changes, follows
+a run that is still writing, and says what is missing (and which command makes it) when there is nothing to
+draw."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from workbench import Workbench, figures
 _ALL = "all runs"
 
 
-def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
     note = gr.Markdown(elem_id="fidelity-note")
     run = gr.Dropdown(label="run", choices=[_ALL], value=_ALL, allow_custom_value=True, elem_id="fidelity-run")
     table = gr.Dataframe(label="per tool (copied = verbatim one of its few-shot examples; malformed = no usable "
@@ -44,11 +45,12 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
         return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
 
     gr.on([app.load, timer.tick], choices, run, run)
-    gr.on([app.load, run.change], draw, run, [note, table, bars, calibration, over_training], api_name="fidelity")
+    gr.on([app.load, tab.select, run.change], draw, run, [note, table, bars, calibration, over_training],
+          api_name="fidelity")
     return run
 
 
-def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
     gr.Markdown("Success against the number of privately imagined attempts N (`envace sweep`); dotted: "
                 "private-rehearsal tokens per episode on the second axis.")
     note = gr.Markdown(elem_id="rehearsal-note")
@@ -89,14 +91,14 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown
                 keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run))
 
     gr.on([app.load, timer.tick], choices, [sweep, run], [sweep, run])
-    gr.on([app.load, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
+    gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed])
     return sweep
 
 
-def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
     note = gr.Markdown(elem_id="training-note")
     with gr.Row():
         runs = gr.Dropdown(label="train runs (several overlay their curves)", choices=[], value=[], multiselect=True,
@@ -129,7 +131,7 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
         return draw(run_ids, phase, smoothing) if set(run_ids or []) & running else (gr.skip(),) * 3
 
     gr.on([app.load, timer.tick], choices, runs, runs)
-    gr.on([app.load, runs.change, phase.change, smoothing.release], draw, [runs, phase, smoothing],
+    gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release], draw, [runs, phase, smoothing],
           [note, curves, table], api_name="training")
     timer.tick(follow, [runs, phase, smoothing], [note, curves, table])
     return runs

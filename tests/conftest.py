@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from envace.envs import registry
@@ -125,6 +128,9 @@ def real_store(tmp_path_factory):
     (`train`), a private-rehearsal sweep (`sw`) and a τ² conversation with the simulated user (`tau2`)."""
     from envace.cli import main
 
+    reuse = os.environ.get("ENVACE_REAL_STORE")  # a store this fixture wrote before: saves ~8 min when iterating
+    if reuse:
+        return Path(reuse)
     root = tmp_path_factory.mktemp("real")
     config = root.parent / "real.toml"
     config.write_text(REAL_CONFIG)

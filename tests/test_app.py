@@ -198,6 +198,8 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
         _open_tab(browser, tab)
         WebDriverWait(browser, 60).until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".pending, .generating"))
         if tab in ("Fidelity", "Training"):  # plots drawn on first open, without picking anything
-            WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"))
+            WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"),
+                                             message=f"no plot in {tab}; toasts {_toasts(browser)}; page: "
+                                                     + browser.find_element(By.TAG_NAME, "body").text[:600])
         assert _toasts(browser) == [], tab
         browser.save_screenshot(str(shots / f"{name}.png"))

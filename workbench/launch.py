@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from envace.config import RolloutConfig, TrainConfig, choices, load_toml
+from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, choices, load_toml
 from envace.errors import UsageError
 from envace.store import check_run_id
 
@@ -91,7 +91,10 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     (else the default), the default, the choices and the help text: a form to edit before launching."""
     cls, table = _job_config(kind)
     data = load_toml(config).get(table, {}) if config else {}
-    return _fields(cls, data, cls(), "")
+    # the trainer sets these rollout fields itself and refuses them from a file: the form leaves them out
+    owned = tuple(f"rollout.{name}" for name in TRAINER_OWNED) if kind == "train" else ()
+    return [row for row in _fields(cls, data, cls(), "")
+            if not any(row["field"] == o or row["field"].startswith(o + ".") for o in owned)]
 
 
 def _fields(cls: type, data: dict[str, Any], defaults: Any, prefix: str) -> list[dict[str, Any]]:
@@ -131,8 +134,11 @@ def write_config(kind: str, cfg: Any, path: Path) -> Path:
             return {k: plain(v) for k, v in value.items() if v is not None}
         return value
 
+    data = plain(asdict(cfg))
+    if kind == "train":  # the trainer fills its rollouts' own fields and refuses them from a file
+        data["rollout"] = {k: v for k, v in data["rollout"].items() if k not in TRAINER_OWNED}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(toml.dumps({_job_config(kind)[1]: plain(asdict(cfg))}))
+    path.write_text(toml.dumps({_job_config(kind)[1]: data}))
     return path
 
 
