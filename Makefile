@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm browser demo test test-fast lint lab bench clean
+.PHONY: install vllm browser demo test test-fast lint lab bench notebooks-html clean
 
 install: $(STAMP)
 
@@ -64,6 +64,13 @@ lint: install
 # JupyterLab on the notebooks (they launch runs into runs/ and read them back).
 lab: install
 	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1
+
+# The notebooks run on a store (ROOT, default runs/) and written as HTML under docs/notebooks/ for reading.
+ROOT ?= runs
+notebooks-html: install
+	for nb in notebooks/*.ipynb; do $(BIN)/python -c "import sys; from workbench.notebook import export_html; \
+	  print(export_html(sys.argv[1], '$(ROOT)', 'docs/notebooks/' + sys.argv[1].split('/')[-1][:-6] + '.html'))" $$nb \
+	  || exit 1; done
 
 bench: install
 	$(BIN)/envace bench rollout

@@ -370,20 +370,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from envace.doctor import findings
 
     root = runs_root(args.root)
     found = findings(root)
-    console = _console()
     if not found:
-        console.print(f"{root}: no problems found")
+        print(f"{root}: no problems found")
         return 0
-    table = Table("problem", "where", "what to do", title=f"{len(found)} problem(s) in {root}")
-    for row in found:
-        table.add_row(*row)
-    console.print(table)
+    print(f"{len(found)} problem(s) in {root}")
+    for problem, where, fix in found:  # whole paths and commands, never wrapped: they are copied from here
+        print(f"- {problem}\n    at  {where}\n    fix {fix}")
     return 1
 
 

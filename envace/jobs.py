@@ -19,7 +19,7 @@ from envace import record, rewards, units
 from envace.config import RolloutConfig, TrainConfig
 from envace.envs import registry
 from envace.errors import UsageError
-from envace.store import Run, check_run_id, get_run
+from envace.store import STAGING, Run, check_run_id, get_run, swap_in
 
 
 class Reporter:
@@ -177,13 +177,17 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
     with table_run.running():
         for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
             run_name = cell.run_name(name)
-            if (root / run_name / "run.json").exists():
-                meta = get_run(root, run_name)
+            cell_root = root
+            if (root / run_name).exists():
+                meta = get_run(root, run_name) if (root / run_name / "run.json").exists() else {}
                 if meta.get("status") == "completed":
                     reporter.say(f"cell {n}/{len(grid)} {run_name}: done already, kept")
                     rows.append(sweep.cell_row(name, cell, run_name, meta.get("summary") or {}))
                     continue
-                shutil.rmtree(root / run_name)  # an unfinished cell is redone from scratch
+                # an unfinished cell is redone beside the old one and swapped in when done: a reader meanwhile
+                # sees the old cell, never a missing folder
+                cell_root = root / STAGING
+                shutil.rmtree(cell_root / run_name, ignore_errors=True)
             reporter.say(f"cell {n}/{len(grid)} {run_name}")
             if cell.model not in backends:
                 _close(list(backends.values()))
@@ -191,7 +195,9 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
                 backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
             if hasattr(backends[cell.model], "clear_caches"):
                 backends[cell.model].clear_caches()
-            _, summary = eval_job(cell.model, cfg, root, run_name, reporter, backends[cell.model])
+            _, summary = eval_job(cell.model, cfg, cell_root, run_name, reporter, backends[cell.model])
+            if cell_root != root:
+                swap_in(cell_root / run_name, root / run_name)
             rows.append(sweep.cell_row(name, cell, run_name, summary))
             sweep.write_table(table_run, rows)
         sweep.write_table(table_run, rows)

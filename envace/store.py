@@ -223,6 +223,33 @@ class Run:
         return final
 
 
+STAGING = ".staging"  # `<root>/.staging/<run_id>/`: a run being rewritten, invisible to readers until swapped in
+
+
+def swap_in(staged: Path, target: Path) -> None:
+    """Put the folder `staged` where `target` is, in one atomic step when the target exists: readers see the old
+    run or the new one, never a missing folder. Linux's `renameat2(RENAME_EXCHANGE)` swaps the two; the old run
+    then sits at `staged` and is deleted. Where the call is missing (another OS, a filesystem without it) two
+    renames leave a moment with no folder."""
+    import ctypes
+    import shutil
+
+    if target.exists():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            at_fdcwd, rename_exchange = -100, 2
+            if libc.renameat2(at_fdcwd, os.fsencode(staged), at_fdcwd, os.fsencode(target), rename_exchange):
+                raise OSError(ctypes.get_errno(), "renameat2")
+        except (AttributeError, OSError):
+            old = target.with_name(f"{target.name}.old-{secrets.token_hex(3)}")
+            os.rename(target, old)
+            os.rename(staged, target)
+            staged = old
+        shutil.rmtree(staged, ignore_errors=True)
+    else:
+        os.rename(staged, target)
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

@@ -15,7 +15,7 @@ from envace.envs.validate import check_arguments, check_call
 from envace.errors import UsageError
 from envace.types import ToolCall
 
-MANY = settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck))
+MANY = settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
 
 HOSTILE = [
     "1" * 4301,  # past Python's int-string limit
@@ -190,3 +190,58 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, args, message):
                           cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr
+
+
+# -- store, launcher and SQL: what a hostile user or a broken file can do --------------------------------------
+
+
+def test_the_launcher_refuses_every_way_of_spelling_root(tmp_path):
+    from workbench import launch
+
+    for args in (["--root", str(tmp_path / "x")], ["--ro", str(tmp_path / "x")], [f"--roo={tmp_path / 'x'}"],
+                 ["--no-such-flag"]):
+        with pytest.raises(UsageError):
+            launch(kind="rollout", root=tmp_path / "runs", args=args)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "runs").exists()
+
+
+def test_sql_reads_the_store_and_nothing_else(store, tmp_path):
+    from workbench import Workbench
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the store")
+    wb = Workbench(store)
+    assert len(wb.sql("SELECT * FROM episodes")) > 0
+    for query in (f"SELECT * FROM read_text('{secret}')", f"SELECT * FROM read_csv('{secret}')",
+                  "SELECT * FROM read_text('/etc/hostname')", f"COPY episodes TO '{tmp_path / 'out.csv'}'",
+                  "SELECT 1; SELECT 2"):
+        with pytest.raises(UsageError):
+            wb.sql(query)
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_doctor_names_every_problem_and_the_store_stays_usable(store, tmp_path, capsys):
+    import json
+    import shutil
+
+    from envace.cli import main
+    from workbench import Workbench
+
+    root = tmp_path / "store"
+    shutil.copytree(store, root)
+    runs = sorted(p.name for p in root.iterdir() if (p / "run.json").exists())
+    (root / runs[0] / "run.json").write_text("[]")  # valid JSON, not a run
+    shard = next((root / runs[1] / "episodes").glob("*.parquet"))
+    shard.write_bytes(b"PAR1 garbage")
+    meta = json.loads((root / runs[2] / "run.json").read_text())
+    (root / runs[2] / "run.json").write_text(json.dumps({**meta, "status": "running", "pid": 999_999_999}))
+    (root / "stray").mkdir()
+    capsys.readouterr()
+    assert main(["doctor", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    for where in (runs[0], shard.name, runs[2], "stray"):
+        assert where in out, (where, out)
+    wb = Workbench(root)
+    assert runs[0] not in set(wb.runs()["run_id"]) and len(wb.runs()) == len(runs) - 1
+    assert any(shard.name in w for w in wb.warnings)
+    assert main(["doctor", "--root", str(store)]) == 0

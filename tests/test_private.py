@@ -148,7 +148,27 @@ def test_sweep_writes_one_table_and_resumes_without_redoing_cells(tmp_path, caps
     data = json.loads(meta.read_text())
     meta.write_text(json.dumps({**data, "status": "running", "pid": 999_999_999}))  # as if killed mid-cell
     capsys.readouterr()
-    assert main(args) == 0
+    # a reader polling the cell while it is redone sees the old run or the new one, never a missing folder
+    import threading
+
+    seen, done = [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            try:
+                seen.append(json.loads(meta.read_text())["status"])
+            except FileNotFoundError:
+                seen.append("missing")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        assert main(args) == 0
+    finally:
+        done.set()
+        reader.join()
+    assert "missing" not in seen and seen[0] == "running" and seen[-1] == "completed"
+    assert not list((tmp_path / ".staging").iterdir())  # the old cell is gone once swapped out
     out = capsys.readouterr().out
     assert out.count("done already, kept") == 2 and "cell 3/3 sw-base-sequential-1\n" in out
     assert (tmp_path / "sw" / "sweep.csv").read_text().count("\n") == 4

@@ -3,6 +3,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from envace.envs.base import Environment
 from envace.envs.tau2 import CATEGORIES, Tau2Env, load_task, load_tasks, prompts, replay_gold, score_trajectory, user
@@ -198,3 +200,43 @@ def test_user_system_prompt_is_the_simulators(subset):
     assert "You have some tools" not in prompt and "You have some tools" in user.user_system_prompt(telecom)
     stopped = airline.simulated_user.stopped
     assert stopped("Thanks, bye! ###STOP###") and not stopped("Thanks") and not stopped(None)
+
+
+def _outcome(fn, expression):
+    try:
+        return ("value", fn(expression))
+    except Exception as exc:  # noqa: BLE001 - the exception is the outcome compared
+        return (type(exc).__name__, str(exc))
+
+
+_numbers = st.one_of(st.integers(0, 10**6).map(str), st.floats(0, 1e6, allow_nan=False).map(lambda f: f"{f:.3f}"),
+                     st.sampled_from(["0", "00", "1.", ".5", "0.0", "007"]))
+
+
+def _expressions(depth: int):
+    leaf = _numbers
+    if depth == 0:
+        return leaf
+    inner = _expressions(depth - 1)
+    return st.one_of(
+        leaf,
+        st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "//", " + ", " / "]), inner).map("".join),
+        st.tuples(inner, st.sampled_from(["**", " ** "]), st.integers(-3, 3).map(str)).map("".join),
+        inner.map(lambda e: f"({e})"), inner.map(lambda e: f"-{e}"))
+
+
+@settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(_expressions(4),
+                 st.text(alphabet="0123456789+-*/(). ", max_size=24).filter(lambda t: "**" not in t),
+                 st.integers(1, 5_000).map(lambda n: "+".join(["1"] * n)),
+                 st.integers(1, 300).map(lambda n: "(" * n + "1" + ")" * n)))
+def test_calculate_equals_tau2s_own_tool_on_what_its_eval_handles(expression):
+    """On every expression τ²'s `eval` answers quickly (no `**` chains that never finish), our walker returns the
+    same string or raises the same exception with the same message."""
+    from tau2.domains.airline.tools import AirlineTools
+
+    ours, theirs = _outcome(calculate, expression), _outcome(lambda e: AirlineTools.calculate(None, e), expression)
+    if theirs[0] in ("RecursionError", "MemoryError"):  # τ²'s eval gives up where ours goes on: ours must answer
+        assert ours[0] == "value" or ours == theirs, (expression, ours, theirs)
+    else:
+        assert ours == theirs, (expression, ours, theirs)

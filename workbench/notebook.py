@@ -50,3 +50,21 @@ def watch(handle: RunHandle, wb: Workbench, draw: Callable[[], object], every_s:
     wb.refresh()
     shown.update(draw())
     return handle.status()
+
+
+def export_html(notebook: str | Path, root: str | Path, out: str | Path, model: str = "tiny") -> Path:
+    """Run `notebook` top to bottom against the store `root` and write it, outputs included, as HTML to `out`.
+    Plots load plotly.js from its CDN, which keeps the file small (`make notebooks-html` writes `docs/notebooks/`)."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    notebook, out = Path(notebook), Path(out)
+    os.environ.update(ENVACE_RUNS=str(Path(root).resolve()), ENVACE_NOTEBOOK_MODEL=model,
+                      PLOTLY_RENDERER="notebook_connected")
+    book = nbformat.read(notebook, as_version=4)
+    NotebookClient(book, timeout=1800, kernel_name="python3",
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(HTMLExporter().from_notebook_node(book)[0])
+    return out

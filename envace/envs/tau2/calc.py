@@ -32,15 +32,29 @@ def _power(base: Any, exponent: Any) -> Any:
     return operator.pow(base, exponent)
 
 
-def _value(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _value(node.left), _value(node.right)
-        return _power(left, right) if isinstance(node.op, ast.Pow) else _BINARY[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_value(node.operand))
-    raise ValueError("Invalid expression")
+def _value(root: ast.AST) -> Any:
+    """Evaluate the tree bottom-up with an explicit stack: `1+1+…+1` nests a thousand deep, which a recursive
+    walk cannot follow but `eval` can. Operands are applied left to right, as `eval` applies them."""
+    stack: list[tuple[ast.AST, bool]] = [(root, False)]
+    values: list[Any] = []
+    while stack:
+        node, children_done = stack.pop()
+        if isinstance(node, ast.Constant):
+            values.append(node.value)
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            if not children_done:
+                stack += [(node, True), (node.right, False), (node.left, False)]
+                continue
+            right, left = values.pop(), values.pop()
+            values.append(_power(left, right) if isinstance(node.op, ast.Pow) else _BINARY[type(node.op)](left, right))
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            if not children_done:
+                stack += [(node, True), (node.operand, False)]
+                continue
+            values.append(_UNARY[type(node.op)](values.pop()))
+        else:
+            raise ValueError("Invalid expression")
+    return values.pop()
 
 
 def calculate(expression: str) -> str:
