@@ -325,6 +325,9 @@ class TrainConfig(Config):
     rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
     grpo_steps: int = doc("role-wise GRPO updates", 4)
     tasks_per_step: int = doc("train tasks per GRPO step", 2)
+    grpo_tasks: int | None = doc("GRPO samples its units from the first N train tasks (unset = all of them; "
+                                 "N = sft_tasks trains on what SFT taught, where a small model hits often "
+                                 "enough for a group's rewards to differ)", None)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
@@ -369,7 +372,8 @@ class TrainConfig(Config):
     def validate(self) -> None:
         from envace.policy.specs import check_model_spec
 
-        at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit")
+        at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit",
+                 "grpo_tasks")
         at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
         at_least(self, 1, "vllm_importance_cap")
         within(self, 0, 1, "real_fraction_end")

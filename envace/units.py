@@ -14,6 +14,7 @@ margin; `max_steps_per_turn = "auto"` is each turn's own gold calls plus one (th
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 from envace.envs.registry import Benchmark
@@ -38,6 +39,11 @@ def turn_task(benchmark: Benchmark, task: Task, k: int) -> Task:
         raise UsageError(f"unit turn: {benchmark.name} {task.category} has no per-turn gold to replay a prefix from "
                          "(use unit episode)")
     return replace(benchmark.truncate(task, k), start_turn=k)
+
+
+def source_uid(task: Task) -> str:
+    """The uid of the whole task a turn unit was cut from (a truncated task is named `<uid>@t<k>`)."""
+    return re.sub(r"@t\d+$", "", task.uid)
 
 
 def turn_tasks(benchmark: Benchmark, tasks: list[Task], tokenizer, min_calls: int = 1, max_calls: int = 3,

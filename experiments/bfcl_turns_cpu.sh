@@ -2,7 +2,7 @@
 # The "learning you can see" recipe (experiments/bfcl_turns_cpu.toml): one SFT checkpoint, then five GRPO arms
 # with the same number of steps from it, every arm evaluated on the same 24 BFCL test turns, plus base and SFT.
 # A re-run keeps every run that already completed. TAG names the set (default: turns); STEPS overrides the
-# GRPO steps; SEED the seed of the GRPO arms; ARMS picks arms (default: all five, in this order);
+# GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS picks arms (default: all five, in this order);
 # the base model's evaluation comes last.
 set -euo pipefail
 CONFIG=experiments/bfcl_turns_cpu.toml
@@ -12,8 +12,10 @@ SEED=${SEED:-0}
 envace() { .venv/bin/envace "$@"; }
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
-done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0
-SFT="$ROOT/sft-$TAG/checkpoint"
+if [ -z "${SFT:-}" ]; then  # SFT=CHECKPOINT starts the arms from a checkpoint trained elsewhere
+  done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0
+  SFT="$ROOT/sft-$TAG/checkpoint"
+fi
 done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
 arm() {  # name, then --set overrides
   local name=$1; shift

@@ -62,6 +62,9 @@ def test_turns_are_selected_by_gold_calls_and_tokens_and_bad_filters_are_clear(b
     assert len(fewer) < len(turns)
     with pytest.raises(UsageError, match="min_turn_calls, max_turn_calls"):
         units.turn_tasks(bfcl, tasks, tiny[1], 40, 50)
+    every = units.turn_tasks(bfcl, tasks, tiny[1], 1, 10)  # `grpo_tasks` keeps the turns of the tasks it names
+    assert {units.source_uid(t) for t in every} == {t.uid for t in tasks}
+    assert {t.start_turn for t in every} >= {0, 1} and len({t.uid for t in every}) == len(every)
     airline = registry.get("tau2").load_tasks("airline", "test", limit=1)
     with pytest.raises(UsageError, match="simulated user"):
         units.turn_tasks(registry.get("tau2"), airline, tiny[1])

@@ -329,9 +329,12 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         model = add_lora(model, cfg.lora_rank)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     rollout, pool = units.select(cfg.rollout, benchmark, tok)  # turn units, and an `auto` budget resolved
+    if cfg.grpo_tasks is not None:
+        first = {t.uid for t in train_tasks[: cfg.grpo_tasks]}
+        pool = [t for t in pool if units.source_uid(t) in first]
     if len(pool) < cfg.tasks_per_step:
         raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
-                         f"{rollout.unit}s to sample from")
+                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls)")
     cfg = replace(cfg, rollout=rollout)
     say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
     s = Session(cfg, run, procs, say, benchmark, ExampleBank(train_tasks), model, procs.prepare(model))

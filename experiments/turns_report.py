@@ -1,0 +1,129 @@
+"""The tables of docs/results.md "Learning you can see", read from the store `bfcl_turns_cpu.sh` wrote.
+
+    .venv/bin/python experiments/turns_report.py [--root runs] [--tag turns] [--seed 0] [--arms envace real_env ...]
+
+Per arm: the GRPO steps (groups with signal per role, mean checklist, the fitted slope of the checklist over
+steps with its 95% interval); then every evaluation on the same test turns, each paired with SFT by task
+(mean difference with a paired-bootstrap 95% interval, and an exact two-sided sign test over the turns that
+differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import pandas as pd
+
+from workbench import Workbench
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 10: 2.228, 15: 2.131,
+         20: 2.086, 30: 2.042}
+
+
+def slope(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares slope of `values` over `steps` and its 95% t-interval (n - 2 degrees of freedom)."""
+    n = len(steps)
+    if n < 3:
+        return float("nan"), float("nan"), float("nan")
+    x = steps - steps.mean()
+    b = float((x * (values - values.mean())).sum() / (x * x).sum())
+    resid = values - values.mean() - b * x
+    se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / float((x * x).sum()))
+    t = T_975[min((k for k in T_975 if k >= n - 2), default=30)]
+    return b, b - t * se, b + t * se
+
+
+def sign_test(diffs: np.ndarray) -> float:
+    """Exact two-sided sign test p-value over the non-zero differences."""
+    up, down = int((diffs > 0).sum()), int((diffs < 0).sum())
+    n = up + down
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def bootstrap(diffs: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), (draws, len(diffs)))].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def md(frame: pd.DataFrame) -> str:
+    """A Markdown table (numbers to 3 decimals)."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+
+
+def training_table(wb: Workbench, run: str) -> pd.DataFrame:
+    long = wb.training(run)
+    wide = long.pivot_table(index="step", columns=["role", "name"], values="value")
+    out = pd.DataFrame(index=wide.index)
+    for role in ("caller", "rehearser"):
+        if (role, "signal_groups") in wide:
+            out[f"{role} signal"] = wide[(role, "signal_groups")]
+            out[f"{role} adv ±"] = wide[(role, "adv_std")]
+    out["checklist"] = wide[("all", "checklist_mean")]
+    for name in ("rollout_s", "step_s"):
+        if ("all", name) in wide:
+            out[name] = wide[("all", name)]
+    return out.reset_index()
+
+
+def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
+    episodes = wb.episodes(run, limit=100_000).set_index("task_uid")
+    meta = wb.runs().set_index("run_id").loc[run]
+    fid = wb.fidelity_by_tool(run)
+    overall = fid[fid["tool"] == "all"].iloc[0] if len(fid) else None
+    row = {"turns": len(episodes), "success": episodes["success"].mean(), "checklist": episodes["checklist"].mean(),
+           "well-formed": meta["well_formed_rate"],
+           "pairs": int(overall["pairs"]) if overall is not None else 0,
+           "malformed": overall["malformed"] if overall is not None else float("nan"),
+           "exact": overall["exact"] if overall is not None else float("nan"),
+           "struct F1": overall["structure_f1"] if overall is not None else float("nan")}
+    return row, episodes["checklist"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="runs")
+    parser.add_argument("--tag", default="turns")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--arms", nargs="*", default=["envace", "caller_only", "real_env", "dyna", "fidelity"])
+    args = parser.parse_args()
+    wb = Workbench(args.root)
+    present = set(wb.runs()["run_id"])
+    pd.set_option("display.width", 200)
+    for arm in args.arms:
+        run = f"{arm}-{args.tag}-s{args.seed}"
+        if run not in present:
+            continue
+        table = training_table(wb, run)
+        b, lo, hi = slope(table["step"].to_numpy(float), table["checklist"].to_numpy(float))
+        print(f"\n### {run}: GRPO steps\n")
+        print(md(table))
+        print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
+    rows, sft = [], None
+    for arm in ["base", "sft", *args.arms]:
+        run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")
+        if run not in present:
+            continue
+        row, per_task = evaluation(wb, run)
+        if arm == "sft":
+            sft = per_task
+        elif sft is not None:
+            common = per_task.index.intersection(sft.index)
+            diffs = (per_task[common] - sft[common]).to_numpy(float)
+            lo, hi = bootstrap(diffs)
+            row.update({"Δ checklist vs SFT": diffs.mean(), "95% CI": f"{lo:+.3f} … {hi:+.3f}",
+                        "sign test p": sign_test(diffs), "turns up/down": f"{(diffs > 0).sum()}/{(diffs < 0).sum()}"})
+        rows.append({"arm": arm, "eval run": run, **row})
+    print("\n### Evaluations on the same test turns\n")
+    print(md(pd.DataFrame(rows)))
+
+
+if __name__ == "__main__":
+    main()
