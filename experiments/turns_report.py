@@ -53,13 +53,20 @@ def bootstrap(diffs: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[fl
 
 def md(frame: pd.DataFrame) -> str:
     """A Markdown table (numbers to 3 decimals)."""
-    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "–" if math.isnan(v) else f"{v:.3f}"
+        return "–" if v is None or (isinstance(v, str) and v == "nan") else str(v)
+
+    cells = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
 
 
 def training_table(wb: Workbench, run: str) -> pd.DataFrame:
     long = wb.training(run)
+    if long.empty:
+        return pd.DataFrame()
     wide = long.pivot_table(index="step", columns=["role", "name"], values="value")
     out = pd.DataFrame(index=wide.index)
     for role in ("caller", "rehearser"):
@@ -102,6 +109,8 @@ def main() -> None:
         if run not in present:
             continue
         table = training_table(wb, run)
+        if table.empty:
+            continue
         b, lo, hi = slope(table["step"].to_numpy(float), table["checklist"].to_numpy(float))
         print(f"\n### {run}: GRPO steps\n")
         print(md(table))
