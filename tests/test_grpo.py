@@ -128,30 +128,6 @@ def test_gradients_of_shares_sum_to_the_whole_batch(tiny):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split, strict=True))
 
 
-def test_rows_without_signal_are_not_back_propagated_and_change_nothing(tiny):
-    """A zero-advantage row adds exactly 0 to the gradient: skipping its pass leaves the gradient as it was, and a
-    batch with no signal at all runs no pass and leaves every weight untouched."""
-    model, tok = tiny
-    signal = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("B", "caller", [2, 5], [10, 2, 2], 0.0)]
-    flat = [Row("C", "caller", [3, 4], [6], 0.0), Row("C", "caller", [3, 4], [8, 1], 0.0)]
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-
-    def grads(rows, advantages):
-        model.zero_grad()
-        calls.clear()
-        backward(model, rows, advantages, tok.pad_token_id, total_rows=4)
-        return [p.grad.clone() for p in model.parameters() if p.grad is not None], len(calls)
-
-    (with_flat, passes), (alone, passes_alone) = grads(signal + flat, [0.5, -0.5, 0.0, 0.0]), grads(signal, [0.5, -0.5])
-    assert passes == passes_alone == 2 and all(torch.equal(a, b) for a, b in zip(with_flat, alone, strict=True))
-    before = [p.detach().clone() for p in model.parameters()]
-    stats = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2), flat, [0.0, 0.0], tok.pad_token_id)
-    hook.remove()
-    assert not stats["skipped"] and stats["loss"] == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-
-
 def test_gradient_checkpointing_gives_the_same_gradients():
     import copy
 

@@ -19,20 +19,30 @@ def server(tiny):
     local = HFBackend(*tiny)
     seen: list[dict] = []
 
-    class Completions(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802  (http.server's naming)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            params = SamplingParams(max_new_tokens=body["max_tokens"], temperature=body["temperature"],
-                                    top_p=body["top_p"], seed=body.get("seed"))
-            gens = local.generate(body["prompt"], params)
-            choices = [{"index": i, "text": g.text, "finish_reason": g.finish} for i, g in enumerate(gens)]
-            data = json.dumps({"choices": choices[::-1]}).encode()  # servers may answer out of order
+    class Completions(BaseHTTPRequestHandler):  # vLLM's shape: one prompt of token ids per request
+        def _answer(self, payload):
+            data = json.dumps(payload).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802  (http.server's naming)
+            self._answer({"data": [{"id": "tiny"}]})
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path.endswith("/tokenize"):
+                self._answer({"tokens": tiny[1].encode(body["prompt"], add_special_tokens=False)})
+                return
+            seen.append(body)
+            params = SamplingParams(max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+                                    top_p=body["top_p"], seed=body.get("seed"))
+            (g,) = local.generate([body["prompt"]], params)
+            ids = g.ids
+            self._answer({"choices": [{"index": 0, "text": g.text, "finish_reason": g.finish, "token_ids": ids,
+                                       "logprobs": {"token_logprobs": list(g.logprobs or [0.0] * len(ids))}}]})
 
         def log_message(self, *args):
             pass
@@ -45,12 +55,12 @@ def server(tiny):
 
 def test_a_served_model_generates_what_the_local_one_does(server, tiny):
     url, local, seen = server
-    remote = RemoteBackend(url, "tiny", tiny[1])
+    remote = RemoteBackend([url], "tiny", tiny[1])
     prompts = [tiny[1].encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"), [5, 6, 7, 8]]
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     served, direct = remote.generate(prompts, params), local.generate(prompts, params)
     assert [g.text for g in served] == [g.text for g in direct]  # in prompt order, whatever the server's
-    assert seen[-1]["prompt"] == prompts and seen[-1]["model"] == "tiny"  # token ids go as they are
+    assert [b["prompt"] for b in seen[-2:]] == prompts and seen[-1]["model"] == "tiny"  # ids go as they are
     with pytest.raises(UsageError, match="frozen"):
         remote.generate(prompts, SamplingParams(frozen=True))
 
@@ -74,4 +84,5 @@ def test_an_unreachable_server_is_one_clear_error(tmp_path, capsys):
 
     assert main(["rollout", "--env", "tau2", "--domain", "retail", "--limit", "1", "--model", "tiny",
                  "--user-model", "http://127.0.0.1:9/v1?model=x&tokenizer=tiny", "--root", str(tmp_path)]) == 2
-    assert "completions server" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "127.0.0.1:9" in err and "not reachable" in err and err.count("\n") == 1

@@ -60,11 +60,11 @@ def export_html(notebook: str | Path, root: str | Path, out: str | Path, model: 
     from nbconvert import HTMLExporter
 
     notebook, out = Path(notebook), Path(out)
-    os.environ.update(ENVACE_RUNS=str(Path(root).resolve()), ENVACE_NOTEBOOK_MODEL=model,
-                      PLOTLY_RENDERER="notebook_connected")
     book = nbformat.read(notebook, as_version=4)
+    env = {**os.environ, "ENVACE_RUNS": str(Path(root).resolve()), "ENVACE_NOTEBOOK_MODEL": model,
+           "PLOTLY_RENDERER": "notebook_connected"}  # the kernel's, not this process's
     NotebookClient(book, timeout=1800, kernel_name="python3",
-                   resources={"metadata": {"path": str(notebook.parent)}}).execute()
+                   resources={"metadata": {"path": str(notebook.parent)}}).execute(env=env)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(HTMLExporter().from_notebook_node(book)[0])
     return out

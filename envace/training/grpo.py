@@ -161,15 +161,11 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro
     batch size the loss is normalised by when other `processes` hold the rest of the batch. Every pass
     back-propagates, even a non-finite one (the caller then skips the update), and under FSDP a
     process with fewer packs runs idle passes (advantage 0): its peers wait for it in each collective.
-    Loss, entropy and the log-prob gap are reported over the rows that carry a signal.
     """
     total_rows = total_rows or len(rows)
     packs = pack(rows)
     groups = [packs[i: i + micro_batch] for i in range(0, len(packs), micro_batch)]
     chunks = [([[rows[j] for j in pk] for pk in g], [advantages[j] for pk in g for j in pk]) for g in groups]
-    # A row with advantage 0 adds exactly 0 to the gradient (L has no other term), so a pass made only of such
-    # rows is skipped: with sparse rewards most of a batch is, and its backward was most of a step's time.
-    chunks = [c for c in chunks if any(a != 0 for a in c[1])]
     passes = processes.passes(len(chunks)) if processes else len(chunks)
     idle = ([[Row("", "", [pad_id], [pad_id], 0.0)]], [0.0])
     loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
