@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -149,6 +150,10 @@ def _rollout_config(args: argparse.Namespace, names: tuple[str, ...] = _ROLLOUT_
         data.update(table)
         where = f"{args.config} [rollout]"
     data.update({k: getattr(args, k) for k in names + ("category",) if getattr(args, k, None) is not None})
+    if "env" in data and "category" not in data and isinstance(data["env"], str):
+        from envace.envs import registry
+
+        data["category"] = registry.get(data["env"]).default_category  # `--env shop` alone plays shop's default
     private = {key: getattr(args, flag) for flag, key in _PRIVATE_FLAGS.items()
                if getattr(args, flag, None) is not None}
     if private:
@@ -266,7 +271,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             table.add_row(key, str(value))
         console.print(table)
-        console.print(f"next: envace eval {summary['checkpoint']} --limit 4{_root_hint(args)}")
+        env = "" if cfg.rollout.env == "bfcl" else \
+            f" --env {shlex.quote(cfg.rollout.env)} --category {shlex.quote(cfg.rollout.category)}"
+        console.print(f"next: envace eval {summary['checkpoint']}{env} --limit 4{_root_hint(args)}", markup=False,
+                      soft_wrap=True)
     return 0
 
 
@@ -392,24 +400,56 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- check-env / app / bench -----------------------------------------------------------------------------
+# -- envs / check-env / app / bench ----------------------------------------------------------------------
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    """Every environment `--env` can name: built-ins and installed plugins, with their categories, or why one does
+    not load (it is listed, the others keep working)."""
+    from envace.envs import registry
+
+    rows = registry.installed()
+    width = max(len(r.name) for r in rows)
+    source_width = max(len(r.source) for r in rows)
+    print(f"{'env':<{width}}  {'source':<{source_width}}  categories")
+    for r in rows:
+        shown = f"error: {r.error}" if r.error else ", ".join(r.categories)
+        print(f"{r.name:<{width}}  {r.source:<{source_width}}  {shown}")
+    print("also: --env package.module:factory (a module on the path; docs/environments.md)")
+    return 0
+
+
 
 def cmd_check_env(args: argparse.Namespace) -> int:
+    """Replay every reference through `execute()` and the checker, with a negative control (`envs/check.py`)."""
     from envace.envs import registry
-    from envace.envs.check import replay_reference_scores
+    from envace.envs.check import check_category, known_failures, problems
 
     benchmark = registry.get(args.env)
     console = _console()
     if args.stats:
         return _gold_stats(benchmark, args.model, console)
     passed = total = 0
+    found: list[str] = []
+    known: list[tuple[str, str]] = []
     for category in benchmark.categories:
         with console.status(f"replaying {category} …"):
-            ok, n, failures = replay_reference_scores(benchmark, category)
-        passed, total = passed + ok, total + n
-        console.print(f"{category:<28} {ok}/{n}" + (f"  failed: {', '.join(failures[:5])}" if failures else ""))
-    console.print(f"[bold]{passed}/{total}[/] ground-truth trajectories pass the official checker")
-    return 0 if passed == total else 1
+            checked = check_category(benchmark, category)
+        n, failures = len(checked.tasks), checked.failures
+        fell, held = len(checked.control("fell")), len(checked.control("held"))
+        passed, total = passed + n - len(failures), total + n
+        control = f"negative control fell {fell}/{fell + held}" + (f" (did not fall: {held})" if held else "")
+        rejected = f", {len(checked.rejected)} call(s) rejected" if checked.rejected else ""
+        print(f"{category:<28} {n - len(failures)}/{n}  {control}{rejected}"
+              + (f"  failed: {', '.join(failures[:5])}" if failures else ""), flush=True)
+        found += problems(checked, benchmark.known_defects)
+        known += known_failures(checked, benchmark.known_defects)
+    print(f"{passed}/{total} ground-truth trajectories pass the official checker"
+          + (f"; {len(known)} fail by known defects of the benchmark's data" if known else ""))
+    for uid, reason in known:
+        print(f"known defect: {uid}: {reason}")
+    for line in found:  # one line each, never wrapped: the uids and errors are copied from here
+        print(f"problem: {line}")
+    return 1 if found else 0
 
 
 def _gold_stats(benchmark, model: str, console) -> int:
@@ -628,8 +668,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="the folder to write (new or empty)")
     p.add_argument("--format", default="hf-datasets", help="hf-datasets | parquet | jsonl (default: hf-datasets)")
     p.set_defaults(func=cmd_export)
-    p = sub.add_parser("check-env", help="replay every ground-truth trajectory through the official checker")
-    p.add_argument("env", help="benchmark name: bfcl or tau2")
+    sub.add_parser("envs", help="list the environments: built-in, installed plugins (entry points), and errors"
+                   ).set_defaults(func=cmd_envs)
+    p = sub.add_parser("check-env", help="replay every ground-truth trajectory through execute() and the official "
+                                         "checker, with a negative control")
+    p.add_argument("env", help="an env name (`envace envs`) or package.module:factory")
     p.add_argument("--stats", action="store_true", help="instead: gold call-message lengths and calls per turn, "
                                                         "and the budgets `auto` resolves to")
     p.add_argument("--model", default="default",

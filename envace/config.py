@@ -202,7 +202,8 @@ class PrivateOptions(Config):
 class RolloutConfig(Config):
     """One rollout job: a model plays episodes of one benchmark category."""
 
-    env: str = doc("benchmark name (`envace.envs.registry`)", "bfcl")
+    env: str = doc("environment: a name `envace envs` lists (built-in or installed plugin) or "
+                   "package.module:factory", "bfcl")
     category: str = doc("benchmark category, e.g. multi_turn_base", "multi_turn_base")
     split: SplitName = doc("train | test | all (BFCL: scenario i % 4 == 3 is test)", "test")
     limit: int | None = doc("number of tasks (unset = all of the split)", None)

@@ -2,18 +2,21 @@
 
 Every metric is a small pure function of the two responses as the caller sees them (text; JSON when
 it parses) and never raises. `score_pair` bundles them for the `pairs` table; the embedding cosine
-lives in `embedding.py` because it needs a model.
+lives in `embedding.py` because it needs a model. Error flags follow the benchmark's own failure convention
+(`Benchmark.is_error`): the rehearser applies it to what it writes, `real_error` to the real response.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from difflib import SequenceMatcher
 from typing import Any
 
+from envace.envs.benchmark import json_error
 from envace.formats import as_json_value
+from envace.types import ToolResult
 
 _MISSING = object()
 _SIMILARITY_CHARS = 4000  # difflib is quadratic; long-context responses are compared on their head
@@ -125,6 +128,12 @@ def value_accuracy(real: str | None, rehearsed: str | None, rel_tol: float = 1e-
         return float(canonical(a) == canonical(b))
     hits = sum(1 for path, value in real_leaves if path in other and _same_value(value, other[path], rel_tol))
     return hits / len(real_leaves)
+
+
+def real_error(result: ToolResult, is_error: Callable[[str], bool] = json_error) -> bool:
+    """Whether a real response failed: the environment flagged it, or its text reports a failure in the benchmark's
+    convention (`Benchmark.is_error`, the same test the rehearsed side is held to)."""
+    return result.is_error or bool(is_error(result.content))
 
 
 def error_agreement(real_error: bool | None, rehearsed_error: bool | None) -> str:

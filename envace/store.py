@@ -43,6 +43,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("start_turn", pa.int32()),       # the first user turn the policy played (later than 0: a gold prefix)
         ("success", pa.bool_()),          # official benchmark success
         ("score_detail", pa.string()),    # the checker's error type when it failed
+        ("score_value", pa.float64()),    # graded official score in [0, 1] (`Score.graded`; NULL in older shards)
+        ("score_parts", pa.string()),     # JSON: the benchmark's named subscores (`Score.subscores`), "{}" when none
         ("checklist", pa.float64()),      # environment-free checklist reward in [0, 1] (envace.rewards)
         ("checklist_detail", pa.string()),  # JSON: per reference turn, which items passed
         ("termination", pa.string()),     # completed | step_limit | context_exceeded | parse_error | rehearsal_error
@@ -321,15 +323,35 @@ class StoreIndex:
         return [path for path in self.shards.get(table, []) if path.parent.parent.name == run_id]
 
     def source(self, paths: list[Path]) -> str:
-        """A `read_parquet` table expression over exactly these shards.
+        """A table expression over exactly these shards (of one table), with every column of its schema.
 
         Shards written before a column was added lack it: `union_by_name` fills it with NULL, at the price
         of reading every footer per query (about 40% of a whole-store scan), so it is used only when the
-        shards' columns differ.
+        shards' columns differ; a column none of them has is added as NULL of its type, so a query naming a
+        new column reads an old store too.
         """
-        union = len({_columns(p) for p in paths}) > 1
+        columns = {_columns(p) for p in paths}
+        union = len(columns) > 1
         files = ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
-        return f"read_parquet([{files}], union_by_name = {str(union).lower()})"
+        scan = f"read_parquet([{files}], union_by_name = {str(union).lower()})"
+        schema = SCHEMAS.get(paths[0].parent.name) if paths else None
+        present = {name for names in columns for name in names or ()}
+        missing = [f for f in schema if f.name not in present] if schema is not None else []
+        if not missing:
+            return scan
+        added = ", ".join(f"CAST(NULL AS {_sql_type(f.type)}) AS {f.name}" for f in missing)
+        return f"(SELECT *, {added} FROM {scan})"
+
+
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.float32(): "FLOAT", pa.int32(): "INTEGER",
+              pa.int64(): "BIGINT", pa.bool_(): "BOOLEAN"}
+
+
+def _sql_type(kind: pa.DataType) -> str:
+    """DuckDB's name for a column type of `SCHEMAS`."""
+    if pa.types.is_list(kind):
+        return _sql_type(kind.value_type) + "[]"
+    return _SQL_TYPES[kind]
 
 
 # (path, size, mtime) -> (the shard's column names, or None; why not). A shard is immutable once renamed into

@@ -74,12 +74,18 @@ class ReferenceStep:
 @dataclass(frozen=True)
 class SimulatedUser:
     """A task whose user is played by a model (τ²): its instructions, the agent's greeting it answers
-    first, and the signals in a user message that end the conversation."""
+    first, and the signals in a user message that end the conversation.
+
+    `script` is what a scripted user says instead, message by message, the last one ending the conversation:
+    the user's side of the reference (SFT rows of a conversation are played against it). Empty: the
+    benchmark has no script for this task, and nothing that needs one can run on it.
+    """
 
     system_prompt: str
     greeting: str
     stop_signals: tuple[str, ...]
     tools: list[dict[str, Any]] = field(default_factory=list)  # the user's own tools (τ² telecom)
+    script: tuple[str, ...] = ()
 
     def stopped(self, text: str | None) -> bool:
         """Whether a user message ends the conversation (τ²'s UserSimulator.is_stop)."""
@@ -111,11 +117,31 @@ class Task:
     payload: dict[str, Any] = field(default_factory=dict)
     simulated_user: SimulatedUser | None = None
     start_turn: int = 0  # turns before it are replayed from the gold reference (`envace.units`)
+    # Tasks that must stay on one side of the train/test split (near-duplicates, one instruction with
+    # several start states). The split and the leakage guard compare groups, never texts; empty means
+    # the task is its own group (`envace.types.task_group`).
+    group: str = ""
+
+
+def task_group(task: Task) -> str:
+    """The group a task belongs to for splits and leakage: its `group`, else its benchmark and scenario."""
+    return task.group or f"{task.env}/{task.scenario}"
 
 
 @dataclass(frozen=True)
 class Score:
-    """The benchmark's own verdict on an episode."""
+    """The benchmark's own verdict on an episode.
+
+    `success` is the binary official verdict. `value` is a graded official metric in [0, 1] where the
+    benchmark has one (partial credit, process accuracy); None means `float(success)`. `subscores` are
+    named graded parts (per-rubric results, say), stored as JSON beside the verdict.
+    """
 
     success: bool
     detail: str = ""
+    value: float | None = None
+    subscores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def graded(self) -> float:
+        return float(self.success) if self.value is None else float(self.value)

@@ -43,7 +43,12 @@ def turn_task(benchmark: Benchmark, task: Task, k: int) -> Task:
 
 def source_uid(task: Task) -> str:
     """The uid of the whole task a turn unit was cut from (a truncated task is named `<uid>@t<k>`)."""
-    return re.sub(r"@t\d+$", "", task.uid)
+    return whole_uid(task.uid)
+
+
+def whole_uid(uid: str) -> str:
+    """`<uid>@t<k>` → `<uid>`: a turn unit's uid as its whole task's."""
+    return re.sub(r"@t\d+$", "", uid)
 
 
 def turn_tasks(benchmark: Benchmark, tasks: list[Task], tokenizer, min_calls: int = 1, max_calls: int = 3,

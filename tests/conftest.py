@@ -40,8 +40,8 @@ class DriftingRehearser(ReferencePolicy):
     """The reference policy with an imperfect world model on its last task: there every rehearsal of an object
     invents a key, so the store holds an exactly rehearsed episode and a drifting one to inspect."""
 
-    def _rehearser(self, text: str) -> str:
-        real = super()._rehearser(text)
+    def _rehearser(self, text: str, task) -> str:
+        real = super()._rehearser(text, task)
         drifting = f"User: {list(self.by_first_turn)[-1]}" in text
         if not drifting or not real.endswith("}\n</execution_result>"):
             return real

@@ -3,14 +3,24 @@ import json
 from envace.envs.base import Environment
 from envace.envs.bfcl.calls import parse_call_string, to_call_string
 from envace.envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, split_of
-from envace.envs.check import replay_reference_scores
+from envace.envs.check import check_category
 from envace.types import Score, Task, ToolCall, ToolResult
 
+# BFCL's gold closes ticket 'ticket_001' where the tool's schema says an integer. BFCL never validates, so its
+# checker passes its own gold; the workbench validates every call, so a perfect caller is refused there and
+# scenario 173 cannot pass in any category. `check-env bfcl` reports exactly that.
+REFUSED_GOLD = 173
 
-def test_every_ground_truth_trajectory_passes_the_official_checker(bfcl):
+
+def test_every_ground_truth_trajectory_passes_through_execute_but_the_one_its_schema_refuses(bfcl):
     for category in bfcl.categories:
-        passed, total, failures = replay_reference_scores(bfcl, category)
-        assert (passed, total) == (200, 200), failures
+        checked = check_category(bfcl, category)
+        refused = f"bfcl/{category}_{REFUSED_GOLD}"
+        assert len(checked.tasks) == 200 and checked.failures == [refused]
+        assert [(uid, name) for uid, name, _ in checked.rejected] == [(refused, "close_ticket")]
+        assert "should be integer, got str" in checked.rejected[0][2]
+        # dropping the last call that did not fail always fails the checker: the negative control falls everywhere
+        assert len(checked.control("fell")) == 200
 
 
 def _base_0(bfcl):

@@ -245,3 +245,62 @@ def test_doctor_names_every_problem_and_the_store_stays_usable(store, tmp_path, 
     assert runs[0] not in set(wb.runs()["run_id"]) and len(wb.runs()) == len(runs) - 1
     assert any(shard.name in w for w in wb.warnings)
     assert main(["doctor", "--root", str(store)]) == 0
+
+
+def test_sigterm_mid_run_keeps_whole_batches_marks_interrupted_and_exits_non_zero(tmp_path):
+    """`kill`, `timeout` and job schedulers send SIGTERM: handled as Ctrl-C, never a half-stored batch."""
+    import os
+    import signal
+    import time
+
+    from envace.store import connect
+
+    proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "rollout", "--limit", "6", "--batch-size", "1",
+                             "--root", str(tmp_path), "--run-name", "termed", "--model", "tiny",
+                             "--max-new-tokens", "8", "--max-steps-per-turn", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not list(tmp_path.glob("termed/episodes/*.parquet")) and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in err and "terminated" in err
+    con = connect(tmp_path)
+    stored = con.execute("SELECT count(*) FROM episodes").fetchall()[0][0]
+    assert 1 <= stored < 6
+    assert con.execute("SELECT count(DISTINCT episode_id) FROM generations").fetchall()[0][0] == stored
+    assert con.execute("SELECT status FROM runs").fetchall()[0] == ("interrupted",)
+
+
+def test_readers_see_the_old_or_the_new_run_while_a_cell_is_swapped_in(tmp_path):
+    """A redone sweep cell is swapped in with one rename: 200 swaps under a busy reader, no read fails."""
+    import threading
+
+    from envace.store import swap_in
+
+    target = tmp_path / "cell"
+    target.mkdir()
+    (target / "run.json").write_text(json.dumps({"generation": 0}))
+    seen, failures, done = set(), [], threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                seen.add(json.loads((target / "run.json").read_text())["generation"])
+            except (OSError, ValueError) as exc:
+                failures.append(repr(exc))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for generation in range(1, 201):
+            staged = tmp_path / ".staging" / f"cell-{generation}"
+            staged.mkdir(parents=True)
+            (staged / "run.json").write_text(json.dumps({"generation": generation}))
+            swap_in(staged, target)
+    finally:
+        done.set()
+        reader.join()
+    assert failures == []
+    assert json.loads((target / "run.json").read_text())["generation"] == 200
+    assert len(seen) > 1 and not list((tmp_path / ".staging").iterdir())

@@ -2,7 +2,9 @@
 
 `launch` never blocks: the job runs as its own process (its own session, so stopping it reaches the
 whole process group), writes its log to `<root>/.logs/<run>.log`, and writes the run store as it
-goes, so the app's tabs and a notebook's queries see its rows while it runs.
+goes, so the app's tabs and a notebook's queries see its rows while it runs. The job finds environments as
+this process does: installed plugins by their entry points, and a `--env package.module:factory` spec
+(passed through unchanged) on this process's own path, which reaches the job's `PYTHONPATH`.
 """
 
 from __future__ import annotations
@@ -93,8 +95,14 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     data = load_toml(config).get(table, {}) if config else {}
     # the trainer sets these rollout fields itself and refuses them from a file: the form leaves them out
     owned = tuple(f"rollout.{name}" for name in TRAINER_OWNED) if kind == "train" else ()
-    return [row for row in _fields(cls, data, cls(), "")
+    rows = [row for row in _fields(cls, data, cls(), "")
             if not any(row["field"] == o or row["field"].startswith(o + ".") for o in owned)]
+    from envace.envs import registry
+
+    for row in rows:  # the environments this job can name: the built-ins and every installed plugin
+        if row["field"] in ("env", "rollout.env"):
+            row["choices"] = ", ".join(registry.names() + ["package.module:factory"])
+    return rows
 
 
 def _fields(cls: type, data: dict[str, Any], defaults: Any, prefix: str) -> list[dict[str, Any]]:
@@ -178,5 +186,19 @@ def launch(config: str | Path | None = None, kind: str = "train", root: str | Pa
     log_path = logs / f"{run_id}.log"
     with log_path.open("a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, env=child_env())
     return RunHandle(run_id, command, log_path, process)
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment, with the folders it added to its import path (a notebook's `sys.path.insert`,
+    the working directory) on the child's `PYTHONPATH`, so a `module:factory` env imports there too. The
+    interpreter's own folders (under its prefixes) are left out: the child has them already."""
+    env = dict(os.environ)
+    prefixes = {str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    here = [str(Path(p or ".").resolve()) for p in sys.path]
+    added = [p for p in here if Path(p).is_dir() and not any(p == x or p.startswith(x + os.sep) for x in prefixes)]
+    paths = list(dict.fromkeys(added + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env

@@ -1,8 +1,10 @@
 """The environment protocol: `reset(task)`, `execute(call) -> ToolResult`, `score(task, steps)`.
 
 A new benchmark implements `_setup` (fresh per-episode state), `_dispatch` (run one validated call) and
-`score` (the benchmark's own success check), plus a `Benchmark` entry in `registry.py`. Validation
-against the tool schema and turning exceptions into error results are done here, once, for all.
+`score` (the benchmark's own success check), plus a `Benchmark` entry (`benchmark.py`; a built-in in
+`registry.py`, a plugin anywhere: `docs/environments.md`). Validation against the tool schema and turning
+exceptions into error results are done here, once, for all. A simulated user with tools of its own (τ²
+telecom) acts through `execute_user`, validated against `task.simulated_user.tools`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Environment(ABC):
     def __init__(self) -> None:
         self.task: Task | None = None
         self._tools: dict[str, dict[str, Any]] = {}
+        self._user_tools: dict[str, dict[str, Any]] = {}
         self.executions = 0  # counted so tests can prove a mode never touches the environment
 
     def reset(self, task: Task) -> None:
@@ -30,6 +33,8 @@ class Environment(ABC):
         self.task = task
         schemas = task.tools + [t for added in task.tools_added.values() for t in added]
         self._tools = {t["function"]["name"]: t["function"] for t in schemas}
+        user = task.simulated_user.tools if task.simulated_user is not None else []
+        self._user_tools = {t["function"]["name"]: t["function"] for t in user}
         self._setup(task)
 
     @property
@@ -37,14 +42,26 @@ class Environment(ABC):
         """Every tool of the current task, name → OpenAI function schema (validation needs no execution)."""
         return self._tools
 
+    @property
+    def user_tools(self) -> dict[str, dict[str, Any]]:
+        """The simulated user's own tools (τ² telecom), name → schema; empty for most benchmarks."""
+        return self._user_tools
+
     def execute(self, call: ToolCall) -> ToolResult:
         """Validate the call against the schema, then dispatch it. Never raises."""
+        return self._checked(call, self._tools, self._dispatch)
+
+    def execute_user(self, call: ToolCall) -> ToolResult:
+        """The simulated user's tool call, validated against the user's tools, then `_dispatch_user`. Never raises."""
+        return self._checked(call, self._user_tools, self._dispatch_user)
+
+    def _checked(self, call: ToolCall, tools: dict[str, dict[str, Any]], dispatch) -> ToolResult:
         self.executions += 1
-        problem = check_call(call, self._tools)
+        problem = check_call(call, tools)
         if problem:
             return ToolResult(f"{problem[0]}: {problem[1]}", is_error=True, error_kind=problem[0])
         try:
-            return self._dispatch(call)
+            return dispatch(call)
         except Exception as exc:  # the tool's own failure is the caller's observation, not our crash
             return ToolResult(f"Error during execution: {exc}", is_error=True, error_kind="EXECUTION_ERROR")
 
@@ -56,10 +73,17 @@ class Environment(ABC):
     def _dispatch(self, call: ToolCall) -> ToolResult:
         """Run one schema-valid call against the episode's state."""
 
+    def _dispatch_user(self, call: ToolCall) -> ToolResult:
+        """Run one schema-valid call of the simulated user (only benchmarks whose user has tools need it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no user tools")
+
     @abstractmethod
     def score(self, task: Task, steps: Steps, texts: list[str] | None = None,
               termination: str = "completed") -> Score:
         """The benchmark's official verdict on the calls an episode executed, turn by turn.
+
+        Judge `steps`, not this instance's state: in rehearse mode the episode's environment never executed
+        anything, so a checker that needs state replays the calls on a fresh one (as BFCL's and τ²'s do).
 
         `texts` are the caller's plain-text answers in order (τ²'s COMMUNICATE check reads them);
         `termination` is how the engine ended the episode (`completed` is a normal end). A benchmark

@@ -1,54 +1,171 @@
-"""Self-check of an environment adapter: ground truth replayed through it must pass the official checker."""
+"""Self-check of an environment: what `envace check-env` runs, for a built-in or a plugin alike.
+
+For every task of a category (both splits), on a fresh environment each time:
+1. every reference call goes through `execute()` as a caller's would (validation included; a call to one of
+   the simulated user's tools through `execute_user`); a call the environment refuses is a *rejected* call:
+   the task's own schema contradicts its gold (a required parameter missing from `properties`, say);
+2. the checker scores the dispatched calls, each its own step: the gold must pass (`payload["reference_texts"]`
+   are the answers a perfect caller says, for checkers that read them);
+3. negative control: the same replay without the last state-changing reference call (the last one whose result
+   is not an error) must fail. A task where it still passes is counted, not raised: in some τ² tasks the last
+   such call is a read the checker does not look at. A task with no state-changing call has no control.
+
+`problems` turns a category's counts into what `check-env` fails on, one line each: gold that fails, reference
+calls the environment rejects, and a negative control that fell on none of the tasks that have one (the score
+does not depend on the calls). A control that held on some tasks only is reported in the counts. Tasks the
+benchmark lists in `known_defects` (its data contradicts itself) are reported with their reason instead, and a
+listed task whose gold passes is a problem: the list is kept true.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 
-from envace.envs.registry import Benchmark
-from envace.types import Split
-
-
-def _replay(benchmark: Benchmark, category: str, offset: int, limit: int) -> list[tuple[str, bool]]:
-    """(task uid, passed) for `limit` tasks of `category` from `offset` (both splits)."""
-    out = []
-    for task in benchmark.load_tasks(category, Split.ALL, limit, offset):
-        env = benchmark.make_env()
-        env.reset(task)
-        steps = [[[ref.call] for ref in turn] for turn in task.reference]
-        # A perfect caller also says what the benchmark checks was said (τ²'s communicate_info).
-        out.append((task.uid, env.score(task, steps, texts=task.payload.get("reference_texts")).success))
-    return out
+from envace.envs.base import Environment, Steps
+from envace.envs.benchmark import Benchmark
+from envace.types import Split, Task, ToolCall, ToolResult
 
 
-def _replay_by_name(name: str, category: str, offset: int, limit: int) -> list[tuple[str, bool]]:
+@dataclass(frozen=True)
+class TaskCheck:
+    """One task's verdicts. `control`: `fell` (the cut replay fails, as it must), `held` (it still passes), `none`."""
+
+    uid: str
+    passed: bool
+    detail: str
+    rejected: tuple[tuple[str, str], ...]  # (call name, the environment's error) for every refused reference call
+    control: str
+
+
+@dataclass
+class CategoryCheck:
+    """A category's tasks, checked: the counts `check-env` prints, and the problems it fails on."""
+
+    category: str
+    tasks: list[TaskCheck] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[str]:
+        return [t.uid for t in self.tasks if not t.passed]
+
+    @property
+    def rejected(self) -> list[tuple[str, str, str]]:
+        """(task uid, call name, error) of every reference call the environment refused."""
+        return [(t.uid, name, error) for t in self.tasks for name, error in t.rejected]
+
+    def control(self, outcome: str) -> list[str]:
+        return [t.uid for t in self.tasks if t.control == outcome]
+
+
+def _run(env: Environment, call: ToolCall) -> ToolResult:
+    """A reference call issued by whoever owns the tool: the caller, or the simulated user (τ² telecom)."""
+    return env.execute_user(call) if call.name in env.user_tools and call.name not in env.tools else env.execute(call)
+
+
+def _replay(benchmark: Benchmark, task: Task, skip: tuple[int, int] | None = None
+            ) -> tuple[Steps, list[tuple[int, int, ToolResult]]]:
+    """The reference executed on a fresh environment (without the call at `skip`): the steps a checker scores,
+    and each executed call's (turn, index, result)."""
+    env = benchmark.make_env()
+    env.reset(task)
+    steps: Steps = []
+    results = []
+    for k, turn in enumerate(task.reference):
+        steps.append([])
+        for i, ref in enumerate(turn):
+            if (k, i) == skip:
+                continue
+            result = _run(env, ref.call)
+            results.append((k, i, result))
+            steps[-1].append([ref.call] if result.dispatched else [])
+    return steps, results
+
+
+def _score(benchmark: Benchmark, task: Task, steps: Steps):
+    env = benchmark.make_env()
+    env.reset(task)
+    # A perfect caller also says what the benchmark checks was said (τ²'s communicate_info).
+    return env.score(task, steps, texts=task.payload.get("reference_texts"))
+
+
+def check_task(benchmark: Benchmark, task: Task, control: bool = True) -> TaskCheck:
+    steps, results = _replay(benchmark, task)
+    rejected = tuple((task.reference[k][i].call.name, r.content) for k, i, r in results if not r.dispatched)
+    verdict = _score(benchmark, task, steps)
+    writes = [(k, i) for k, i, r in results if not r.is_error]
+    outcome = "none"
+    if writes and control:
+        cut, _ = _replay(benchmark, task, skip=writes[-1])
+        outcome = "held" if _score(benchmark, task, cut).success else "fell"
+    return TaskCheck(task.uid, verdict.success, verdict.detail, rejected, outcome)
+
+
+def _check_slice(name: str, category: str, offset: int, limit: int | None, control: bool) -> list[TaskCheck]:
     from envace.envs import registry
 
-    return _replay(registry.get(name), category, offset, limit)
+    benchmark = registry.get(name)
+    return [check_task(benchmark, task, control) for task in benchmark.load_tasks(category, Split.ALL, limit, offset)]
+
+
+def check_category(benchmark: Benchmark, category: str, workers: int | None = None, chunk: int = 8,
+                   control: bool = True) -> CategoryCheck:
+    """Every task of `category`, both splits, checked (see the module docstring; `control` False skips step 3).
+
+    Chunks of `chunk` tasks are spread over `workers` processes (one per core by default) until a chunk comes back
+    short: building and scoring τ² environments is pure-Python validation of their databases, so it scales with
+    cores, and no worker builds a task it does not check. Workers find the benchmark again by its name (a plugin's
+    name is its entry point or its `module:factory` spec, so they do).
+    """
+    workers = workers or len(os.sched_getaffinity(0))
+    if workers <= 1:
+        return CategoryCheck(category, _check_slice(benchmark.name, category, 0, None, control))
+    out, offset, done = CategoryCheck(category), 0, False
+    with ProcessPoolExecutor(workers) as pool:
+        running = []
+        while running or not done:
+            while not done and len(running) < workers:
+                running.append(pool.submit(_check_slice, benchmark.name, category, offset, chunk, control))
+                offset += chunk
+            part = running.pop(0).result()
+            out.tasks += part
+            done = done or len(part) < chunk
+    return out
 
 
 def replay_reference_scores(benchmark: Benchmark, category: str, workers: int | None = None, chunk: int = 8
                             ) -> tuple[int, int, list[str]]:
-    """(passed, total, failed task uids) over every task of `category`, both splits.
+    """(passed, total, failed task uids): the gold verdicts of `check_category`, without its negative control."""
+    checked = check_category(benchmark, category, workers, chunk, control=False)
+    return len(checked.tasks) - len(checked.failures), len(checked.tasks), checked.failures
 
-    Each ground-truth call is issued as its own step on a fresh environment, as a caller would. Chunks of
-    `chunk` tasks are spread over `workers` processes (one per core by default) until a chunk comes back
-    short: building and scoring τ² environments is pure-Python validation of their databases, so it
-    scales with cores, and no worker builds a task it does not check.
-    """
-    workers = workers or len(os.sched_getaffinity(0))
-    if workers <= 1:
-        results = _replay(benchmark, category, 0, None)
-    else:
-        results, offset, done = [], 0, False
-        with ProcessPoolExecutor(workers) as pool:
-            running = []
-            while running or not done:
-                while not done and len(running) < workers:
-                    running.append(pool.submit(_replay_by_name, benchmark.name, category, offset, chunk))
-                    offset += chunk
-                part = running.pop(0).result()
-                results += part
-                done = done or len(part) < chunk
-    failures = [uid for uid, ok in results if not ok]
-    return len(results) - len(failures), len(results), failures
+
+def known_failures(checked: CategoryCheck, known: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(task uid, documented reason) of each failing task the benchmark lists as a defect of its data."""
+    return [(uid, known[uid]) for uid in checked.failures if uid in known]
+
+
+def problems(checked: CategoryCheck, known: Mapping[str, str] | None = None, shown: int = 3) -> list[str]:
+    """One line per problem of a checked category (see the module docstring); empty when it is sound."""
+    out, known = [], known or {}
+    c, total = checked.category, len(checked.tasks)
+    rejected = [r for r in checked.rejected if r[0] not in known]
+    if rejected:
+        first = "; ".join(f"{uid} {name}: {error}" for uid, name, error in rejected[:shown])
+        out.append(f"{c}: {len(rejected)} reference call(s) rejected by execute() (the tools' schemas "
+                   f"contradict the gold calls): {first}")
+    failures = [uid for uid in checked.failures if uid not in known]
+    if failures:
+        details = {t.uid: t.detail for t in checked.tasks}
+        out.append(f"{c}: {len(failures)}/{total} ground-truth trajectories fail the checker: "
+                   + "; ".join(f"{uid} ({details[uid][:120]})" for uid in failures[:shown]))
+    stale = [t.uid for t in checked.tasks if t.passed and t.uid in known]
+    if stale:
+        out.append(f"{c}: {len(stale)} task(s) listed as known defects pass their gold: {', '.join(stale[:shown])}")
+    fell, held = checked.control("fell"), checked.control("held")
+    if held and not fell:
+        out.append(f"{c}: negative control did not fall on any of {len(held)} task(s): dropping the last "
+                   f"state-changing call never changes the score ({', '.join(held[:shown])})")
+    return out

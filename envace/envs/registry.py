@@ -1,46 +1,86 @@
-"""Benchmarks by name: how to load their tasks and make a fresh environment for an episode."""
+"""Benchmarks by name: the built-ins below, then installed plugins, then `package.module:factory` specs.
+
+`get(name)` is the one lookup every job, child process and check goes through, so a plugin is seen the same
+way everywhere (`plugins.py` says how plugins are found). `installed()` is what `envace envs` lists: a
+plugin that fails to load is listed with its error, and every other environment keeps working.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envace.envs.base import Environment
+from envace.envs import plugins
+from envace.envs.benchmark import Benchmark
 from envace.errors import UsageError
-from envace.types import Task
 
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str
-    categories: tuple[str, ...]
-    default_category: str
-    load_tasks: Callable[..., list[Task]]
-    make_env: Callable[[], Environment]
-    # (task, k) -> the task cut after turn k, its checker's data included: what turn-level episodes need
-    truncate: Callable[[Task, int], Task] | None = None
+__all__ = ["Benchmark", "Installed", "get", "installed", "names"]
 
 
 def _bfcl() -> Benchmark:
     from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, truncate
+    from envace.envs.bfcl.data import KNOWN_DEFECTS
 
-    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate)
+    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate,
+                     known_defects=KNOWN_DEFECTS)
 
 
 def _tau2() -> Benchmark:
     from envace.envs.tau2 import CATEGORIES, Tau2Env, load_tasks
+    from envace.envs.tau2.env import result_is_error
 
-    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env)
+    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env, result_is_error=result_is_error)
 
 
-_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2}
+def _vitabench() -> Benchmark:
+    from envace.envs.vitabench import CATEGORIES, VitaBenchEnv, load_tasks
+    from envace.envs.vitabench.data import KNOWN_DEFECTS
+    from envace.envs.vitabench.env import result_is_error
+
+    return Benchmark("vitabench", CATEGORIES, "delivery_solo", load_tasks, VitaBenchEnv,
+                     result_is_error=result_is_error, known_defects=KNOWN_DEFECTS)
+
+
+_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2, "vitabench": _vitabench}
 
 
 def names() -> list[str]:
-    return sorted(_BENCHMARKS)
+    """Every name `--env` takes besides a `module:factory` spec: the built-ins and the installed entry points."""
+    return sorted(set(_BENCHMARKS) | set(plugins.entry_point_names()))
 
 
 def get(name: str) -> Benchmark:
-    if name not in _BENCHMARKS:
-        raise UsageError(f"unknown env '{name}' (choose from {', '.join(names())})")
-    return _BENCHMARKS[name]()
+    if name in _BENCHMARKS:
+        return _BENCHMARKS[name]()
+    entry_point = plugins.entry_point_names().get(name)
+    if entry_point is not None:
+        return plugins.from_entry_point(entry_point)
+    if plugins.is_spec(name):
+        return plugins.from_spec(name)
+    raise UsageError(f"unknown env '{name}' (choose from {', '.join(names())}, or give package.module:factory)")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """One row of `envace envs`: where an environment comes from, and its categories or why it does not load."""
+
+    name: str
+    source: str
+    categories: tuple[str, ...] = ()
+    error: str = ""
+
+
+def installed() -> list[Installed]:
+    """Every built-in and entry-point environment, each loaded once to read its categories."""
+    rows = []
+    for name in names():
+        if name in _BENCHMARKS:
+            source = "built-in"
+        else:
+            source = f"entry point {plugins.entry_point_names()[name].value}"
+        try:
+            rows.append(Installed(name, source, get(name).categories))
+        except Exception as exc:  # a broken built-in (missing data) is listed like a broken plugin
+            rows.append(Installed(name, source, error=str(exc).strip().splitlines()[0] if str(exc).strip()
+                                  else type(exc).__name__))
+    return rows

@@ -22,6 +22,9 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     frozen: bool = False  # generate with the base weights (adapters disabled): a frozen role
+    # The uid of the task each prompt belongs to. A model never reads it; a backend that replays tasks (the
+    # scripted reference policy) finds its task by it, since tasks may open with the same text.
+    tasks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """A scripted policy that replays each task's reference trajectory, as a real `Backend`.
 
-As caller it reads the prompt it is given (rendered by our own `ChatRenderer`), recovers the user
-turn and step, and emits that step's ground-truth call, or "Done." once the turn's calls are made.
-As rehearser it answers a call with the real result of the matching reference call; as summariser
-it writes a memory naming what it was written from. Running the
+Each prompt's task is named by its uid (`SamplingParams.tasks`, passed by the engine). As caller it reads
+the prompt it is given (rendered by our own `ChatRenderer`), recovers the user turn and step, and emits
+that step's ground-truth call, or "Done." once the turn's calls are made. As rehearser it answers a call
+with the real result of the matching reference call; as a simulated user it says the task's scripted
+messages; as summariser it writes a memory naming what it was written from. Running the
 rollout engine with it yields exactly the rows a perfect policy would produce, token for token in
 the engine's own prompts: SFT data for the warm-up, and an end-to-end check of engine, environment
 and checker.
@@ -16,6 +17,7 @@ import json
 from envace.formats import as_json_value, render_execution_result, render_tool_call
 from envace.policy.backend import Generation, SamplingParams
 from envace.types import Task
+from envace.units import whole_uid
 
 _CALL_HEADER = "## Call to simulate\n"
 _ATTEMPT_HEADER = "## Imagined attempt"
@@ -23,11 +25,19 @@ _MEMORY = "\n\n<rehearsal_memory>"
 
 
 class ReferencePolicy:
+    """Replays the reference of each prompt's task, found by the uid the engine passes (`SamplingParams.tasks`).
+
+    Tasks may share their opening (τ² telecom has 5 distinct tickets among 114 tasks), so the uid decides; a
+    prompt that comes without one (a backend call from outside the engine) falls back to the task whose first
+    user turn the prompt shows. As simulated user it plays the task's `SimulatedUser.script`, message by message.
+    """
+
     max_context: int | None = None  # replays text: no context window to respect
 
     def __init__(self, tokenizer, tasks: list[Task], caller_text: str | None = None,
                  rehearsal_text: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.by_uid = {t.uid: t for t in tasks}
         self.by_first_turn = {t.user_turns[0]: t for t in tasks}
         self.caller_text = caller_text  # a fixed caller reply instead of the reference (for tests)
         self.rehearsal_text = rehearsal_text  # a fixed rehearser reply instead of the real result
@@ -35,29 +45,54 @@ class ReferencePolicy:
         self.calls = 0
         self.prompts: list[list[int]] = []
 
-    def _caller(self, text: str) -> str:
+    def task_of(self, uid: str | None, text: str) -> Task | None:
+        """The task a prompt belongs to: by its uid (a turn unit's own, else the whole task's), else by its text."""
+        if uid:
+            task = self.by_uid.get(uid) or self.by_uid.get(whole_uid(uid))
+            if task is not None:
+                return task
+        return next((t for first, t in self.by_first_turn.items() if f"User: {first}" in text or
+                     f"user\n{first}" in text), None)
+
+    @staticmethod
+    def _openings(task: Task) -> set[str]:
+        """The user texts that can open an episode of `task`: its first turn, or its scripted user's first message."""
+        script = task.simulated_user.script if task.simulated_user is not None else ()
+        return {task.user_turns[0], *script[:1]}
+
+    def _caller(self, text: str, task: Task | None) -> str:
         if self.caller_text is not None:
             return self.caller_text
+        if task is None:
+            raise LookupError("the reference policy holds no task for this caller prompt")
         blocks = [b[len("user\n"):].split("<|im_end|>")[0].split(_MEMORY)[0]
                   for b in text.split("<|im_start|>") if b.startswith("user\n")]
         users = [i for i, b in enumerate(blocks) if not b.startswith("<tool_response>")]
-        # the task's own first turn is the last one seen (a caller demonstration may come before it)
-        start = max(i for i in users if blocks[i] in self.by_first_turn)
-        task = self.by_first_turn[blocks[start]]
+        # the task's own first turn is the last opening seen (a caller demonstration may come before it)
+        openings = self._openings(task)
+        start = max((i for i in users if blocks[i] in openings), default=users[0])
         turn, step = sum(i > start for i in users), len(blocks) - 1 - users[-1]
-        reference = task.reference[turn]
+        reference = task.reference[turn] if turn < len(task.reference) else []
         return render_tool_call(reference[step].call) if step < len(reference) else "Done."
 
-    def _rehearser(self, text: str) -> str:
+    def _rehearser(self, text: str, task: Task | None) -> str:
         if self.rehearsal_text is not None:
             return self.rehearsal_text
+        if task is None:
+            raise LookupError("the reference policy holds no task for this rehearser prompt")
         call = json.loads(text.rsplit(_CALL_HEADER, 1)[1].split("<|im_end|>")[0])
-        task = next(t for first, t in self.by_first_turn.items() if f"User: {first}" in text)
         for turn in task.reference:
             for ref in turn:
                 if ref.call.name == call["name"] and ref.call.arguments == call["arguments"]:
                     return render_execution_result(as_json_value(ref.result.content))
         return render_execution_result({"error": "no such call in the reference"})
+
+    @staticmethod
+    def _user(text: str, task: Task) -> str:
+        """The scripted user's next message: as many as it has written so far (its own turns are `assistant`)."""
+        script = task.simulated_user.script
+        written = text.count("<|im_start|>assistant") - 1  # the last one is the generation header
+        return script[min(written, len(script) - 1)]
 
     @staticmethod
     def _summariser(text: str) -> str:
@@ -70,12 +105,19 @@ class ReferencePolicy:
         self.calls += 1
         self.prompts.extend(prompts)
         out = []
-        for prompt in prompts:
+        for n, prompt in enumerate(prompts):
             text = self.tokenizer.decode(prompt, skip_special_tokens=False)
             if _ATTEMPT_HEADER in text:
                 reply = self._summariser(text)
             else:
-                reply = self._rehearser(text) if _CALL_HEADER in text else self._caller(text)
+                task = self.task_of(params.tasks[n] if n < len(params.tasks) else None, text)
+                user = task.simulated_user if task is not None else None
+                if user is not None and user.script and user.system_prompt in text:  # the user's own prompt
+                    reply = self._user(text, task)
+                elif _CALL_HEADER in text:
+                    reply = self._rehearser(text, task)
+                else:
+                    reply = self._caller(text, task)
             ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.end]
             out.append(Generation(ids=ids, text=reply, finish="stop"))
         return out

@@ -35,7 +35,7 @@ def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, r
         if config.decision_sample > 0 else None
 
     def shadow(fed: World, beside: World, share: float = 1.0) -> Shadow:
-        return Shadow(fed, beside, share, rng, forks, config.embedding)
+        return Shadow(fed, beside, share, rng, forks, config.embedding, rehearser.is_error)
 
     real, rehearsed = RealWorld(), RehearsedWorld(rehearser)
     if config.mode == "real":
@@ -59,7 +59,8 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
     sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
     renderer = ChatRenderer(backend.tokenizer, config.tool_docs, config.thinking)
     examples = examples or ExampleBank()
-    rehearser = Rehearser(sampler, renderer, examples, config.rehearser, frozen=config.frozen_rehearser)
+    rehearser = Rehearser(sampler, renderer, examples, config.rehearser, frozen=config.frozen_rehearser,
+                          is_error=benchmark.is_error)
     user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
     users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
     private = PrivateRehearsal(config.private) if config.private.active else None

@@ -61,7 +61,7 @@ class PrivateRehearsal:
                          seed=engine.config.seed * 7_919 + engine.sampler.calls)
         sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
         rehearser = Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
-                              frozen=config.frozen_rehearser)
+                              frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error)
         return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
                              engine.examples, max_context=engine.max_context)
 
@@ -105,7 +105,7 @@ class PrivateRehearsal:
                     "caller_tokens": tokens[Role.CALLER], "rehearser_tokens": tokens[Role.REHEARSER]})
             prompts = [engine.renderer.messages(summariser_prompt(ep.task.user_turns[ep.turn], transcripts[i],
                                                                   memory[i])) for i, ep in enumerate(episodes)]
-            gens = engine.sampler(prompts, o.memory_tokens, greedy=True)
+            gens = engine.sampler(prompts, o.memory_tokens, greedy=True, tasks=[ep.task.uid for ep in episodes])
             for i, gen in enumerate(gens):
                 cost[i]["summariser_tokens"] += len(gen.ids)
                 text, error = parse_memory(gen.text)
@@ -126,6 +126,7 @@ class PrivateRehearsal:
     def _decision_changed(engine: RolloutEngine, episodes: list[Episode], memory: list[str]) -> list[bool]:
         """Greedy first action of each committed turn without and with its memory: did the memory change it?"""
         prompts = [engine.turn_ids(ep, m) for ep, m in zip(episodes, memory, strict=True) for m in ("", m)]
-        gens = engine.sampler(prompts, engine.config.max_new_tokens, greedy=True)
+        gens = engine.sampler(prompts, engine.config.max_new_tokens, greedy=True,
+                              tasks=[ep.task.uid for ep in episodes for _ in ("", "memory")])
         key = [call_key(parse_tool_calls(strip_thinking(g.text)).calls) for g in gens]
         return [key[2 * i] != key[2 * i + 1] for i in range(len(episodes))]

@@ -4,15 +4,19 @@ Every pending call of every episode becomes one rehearser prompt (`prompts.rehea
 validate-first instruction, tools, response schema, grounding examples, the conversation, the caller's
 latest message and the call), and all of them go to the backend in one call. Each output is parsed
 strictly (`formats.parse_execution_result`); a malformed one becomes an `INVALID_EXECUTION_RESULT`
-error result, and a rehearsed `{"error": …}` value an error result that keeps a named validation kind.
+error result, a rehearsed `{"error": …}` naming a validation kind a refusal of that kind, and any other
+result an error when the benchmark's failure convention says so (`Benchmark.is_error`; τ² writes
+`Error: …`), so rehearsed and real error flags mean the same thing in every benchmark.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envace.config import RehearserOptions
+from envace.envs.benchmark import json_error
 from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, strip_thinking
 from envace.rehearsal.episode import Pending
 from envace.rehearsal.examples import ExampleBank
@@ -32,28 +36,30 @@ class Rehearsal:
     examples: list[str]
 
 
-def as_result(parsed: ParsedResult) -> ToolResult:
-    """The tool result a caller sees for a parsed rehearsal."""
+def as_result(parsed: ParsedResult, is_error: Callable[[str], bool] = json_error) -> ToolResult:
+    """The tool result a caller sees for a parsed rehearsal; `is_error` is the benchmark's failure convention."""
     if parsed.error:
         message = f"INVALID_EXECUTION_RESULT: {parsed.error}"
         return ToolResult(json.dumps({"error": message}), True, "INVALID_EXECUTION_RESULT")
-    value = parsed.value
-    if not is_error_value(value):
-        return ToolResult(content_of(value), False, "")
-    kind = value["error"] if isinstance(value["error"], str) and value["error"] in _NAMED_ERRORS else "TOOL_ERROR"
-    return ToolResult(content_of(value), True, kind)
+    value, content = parsed.value, content_of(parsed.value)
+    if is_error_value(value) and isinstance(value["error"], str) and value["error"] in _NAMED_ERRORS:
+        return ToolResult(content, True, value["error"])  # the rehearser refused the call, as validation would
+    failed = is_error(content)
+    return ToolResult(content, failed, "TOOL_ERROR" if failed else "")
 
 
 class Rehearser:
     """Rehearses batches of pending calls with one backend call each; see the module docstring.
 
-    `frozen` generates with the base weights (adapters off): the rehearser of caller-only training.
+    `frozen` generates with the base weights (adapters off): the rehearser of caller-only training. `is_error` is
+    the benchmark's failure convention (`Benchmark.is_error`).
     """
 
     def __init__(self, sampler: Sampler, renderer: ChatRenderer, examples: ExampleBank, options: RehearserOptions,
-                 frozen: bool = False) -> None:
+                 frozen: bool = False, is_error: Callable[[str], bool] = json_error) -> None:
         self.sampler, self.renderer, self.examples, self.options, self.frozen = \
             sampler, renderer, examples, options, frozen
+        self.is_error = is_error
 
     def rehearse(self, pending: list[Pending]) -> list[Rehearsal]:
         if not pending:
@@ -65,11 +71,12 @@ class Rehearser:
             shown.append([e.content for e in examples])
             messages = rehearser_prompt(ep.task, p.call, examples, ep.history, ep.latest, self.options)
             prompts.append(self.renderer.messages(messages))
-        gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen)
+        gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen,
+                            tasks=[p.episode.task.uid for p in pending])
         out = []
         for p, prompt, gen, examples in zip(pending, prompts, gens, shown, strict=True):
             parsed = parse_execution_result(strip_thinking(gen.text))
             p.episode.record(Role.REHEARSER, gen, len(prompt), prompt_ids=prompt, call_index=p.index,
                              parse_error=parsed.error, parse_detail=parsed.detail or None)
-            out.append(Rehearsal(as_result(parsed), parsed, examples))
+            out.append(Rehearsal(as_result(parsed, self.is_error), parsed, examples))
         return out

@@ -239,7 +239,8 @@ class RolloutEngine:
             waiting = [ep for ep in episodes if ep.termination is None and not ep.open_turn]
             if not waiting:
                 break
-            gens = self.sampler([list(ep.ids) for ep in waiting], self.config.max_new_tokens)
+            gens = self.sampler([list(ep.ids) for ep in waiting], self.config.max_new_tokens,
+                                tasks=[ep.task.uid for ep in waiting])
             pending = [(ep, calls) for ep, gen in zip(waiting, gens, strict=True)
                        if (calls := self._on_generation(ep, gen))]
             if pending:

@@ -27,11 +27,12 @@ class Sampler:
         return self.backend.tokenizer
 
     def __call__(self, prompts: list[list[int]], max_new_tokens: int, greedy: bool = False, frozen: bool = False,
-                 backend: Backend | None = None) -> list[Generation]:
+                 backend: Backend | None = None, tasks: list[str] | None = None) -> list[Generation]:
+        """One backend call; `tasks` names each prompt's task (`SamplingParams.tasks`)."""
         self.calls += 1
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature,
                                 top_p=self.top_p, seed=self.seed * 1_000_003 + self.calls, logprobs=True,
-                                frozen=frozen)
+                                frozen=frozen, tasks=tuple(tasks or ()))
         start = time.perf_counter()
         gens = (backend or self.backend).generate(prompts, params)
         self.generation_s += time.perf_counter() - start

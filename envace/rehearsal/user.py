@@ -43,7 +43,7 @@ class UserSimulator:
         prompts = [self.renderer.messages([{"role": "system", "content": ep.task.simulated_user.system_prompt},
                                            *ep.user_view], ep.task.simulated_user.tools or None)
                    for ep in waiting]
-        gens = self.sampler(prompts, self.max_new_tokens, backend=self.backend)
+        gens = self.sampler(prompts, self.max_new_tokens, backend=self.backend, tasks=[ep.task.uid for ep in waiting])
         opened = []
         for ep, prompt, gen in zip(waiting, prompts, gens, strict=True):
             ep.record(Role.USER, gen, len(prompt), prompt_ids=prompt, call_index=0)

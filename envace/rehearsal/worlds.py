@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from envace import fidelity
+from envace.envs.benchmark import json_error
 from envace.envs.validate import check_call
 from envace.formats import parse_tool_calls, strip_thinking
 from envace.rehearsal.episode import Episode, Pending
@@ -122,24 +124,25 @@ class Forks:
                  rng: random.Random) -> None:
         self.sampler, self.renderer, self.share, self.max_new_tokens, self.rng = \
             sampler, renderer, share, max_new_tokens, rng
-        self.open: list[tuple[dict[str, Any], list[int], list[int]]] = []
+        self.open: list[tuple[dict[str, Any], list[int], list[int], str]] = []
 
     def maybe(self, pair: dict[str, Any], base: list[int], fed: list[ToolResult], i: int, real: ToolResult,
-              rehearsed: ToolResult) -> None:
+              rehearsed: ToolResult, task_uid: str = "") -> None:
         if self.rng.random() >= self.share:
             return
 
         def swapped(result: ToolResult) -> list[int]:
             return base + self.renderer.tool_results(fed[:i] + [result] + fed[i + 1:])
 
-        self.open.append((pair, swapped(real), swapped(rehearsed)))
+        self.open.append((pair, swapped(real), swapped(rehearsed), task_uid))
 
     def resolve(self) -> None:
         if not self.open:
             return
-        gens = self.sampler([p for _, after_real, after_rehearsed in self.open for p in (after_real, after_rehearsed)],
-                            self.max_new_tokens, greedy=True)
-        for n, (pair, _, _) in enumerate(self.open):
+        prompts = [p for _, after_real, after_rehearsed, _ in self.open for p in (after_real, after_rehearsed)]
+        tasks = [uid for *_, uid in self.open for _ in (0, 1)]
+        gens = self.sampler(prompts, self.max_new_tokens, greedy=True, tasks=tasks)
+        for n, (pair, *_) in enumerate(self.open):
             a, b = (parse_tool_calls(strip_thinking(gens[2 * n + j].text)) for j in (0, 1))
             changed = fidelity.call_key(a.calls) != fidelity.call_key(b.calls)
             pair["decision_changed"] = changed or (a.error is None) != (b.error is None)
@@ -155,8 +158,10 @@ class Shadow(World):
     """
 
     def __init__(self, fed: World, beside: World, share: float = 1.0, rng: random.Random | None = None,
-                 forks: Forks | None = None, embedding: bool = False) -> None:
+                 forks: Forks | None = None, embedding: bool = False,
+                 is_error: Callable[[str], bool] = json_error) -> None:
         self.fed, self.beside, self.share, self.rng = fed, beside, share, rng or random.Random(0)
+        self.is_error = is_error  # the benchmark's failure convention, for the real side of error agreement
         self.touches_env = fed.touches_env or (beside.touches_env and share > 0)
         self.forks, self.embedding = forks, embedding
         self.pairs: list[dict[str, Any]] = []
@@ -186,20 +191,21 @@ class Shadow(World):
         ep, rehearsal = p.episode, a.rehearsal
         rehearsed = None if rehearsal.parsed.error else rehearsal.result.content
         rehearsed_error = None if rehearsal.parsed.error else rehearsal.result.is_error
+        real_error = fidelity.real_error(a.real, self.is_error)
         pair = {
             "episode_id": ep.episode_id, "turn": ep.turn, "turn_step": ep.turn_step, "call_index": p.index,
             "name": p.call.name, "arguments": json.dumps(p.call.arguments, ensure_ascii=False),
             "fed_back": a.source, "real_response": a.real.content, "rehearsed_response": rehearsed,
-            "real_is_error": a.real.is_error, "rehearsed_is_error": rehearsed_error,
+            "real_is_error": real_error, "rehearsed_is_error": rehearsed_error,
             "rehearsal_error": rehearsal.parsed.error,
-            **fidelity.score_pair(a.real.content, rehearsed, a.real.is_error, rehearsed_error, rehearsal.examples),
+            **fidelity.score_pair(a.real.content, rehearsed, real_error, rehearsed_error, rehearsal.examples),
             "embed_cos": None, "decision_changed": None,
         }
         ep.pairs.append(pair)
         self.pairs.append(pair)
         if self.forks is not None and rehearsed is not None:
             # `ep.ids` still ends at the caller's message: the engine appends the results after `answer`
-            self.forks.maybe(pair, ep.ids, fed, p.index, a.real, rehearsal.result)
+            self.forks.maybe(pair, ep.ids, fed, p.index, a.real, rehearsal.result, ep.task.uid)
 
     def finish(self) -> None:
         self.fed.finish()

@@ -29,25 +29,28 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
     """Every caller message and every rehearsal along the tasks' reference trajectories (SFT data).
 
     The scripted reference policy plays `real+shadow` episodes through the real engine, so the rows
-    use the very prompts the policy will see in RL, and the rehearser targets are real results.
+    use the very prompts the policy will see in RL, and the rehearser targets are real results. In a
+    conversation the same policy plays the user from the task's `SimulatedUser.script` (τ² airline and
+    retail: the scenario's request, then a stop); a task whose benchmark gives no script is refused.
     """
     if any(t.split != "train" for t in tasks):
         raise ValueError("SFT data must come from train-split tasks only")
-    if any(t.simulated_user for t in tasks):
-        raise UsageError("reference rows need scripted user turns; a conversation with a simulated user "
-                         "(τ² airline, retail, telecom) has none: use telecom_solo, or set sft_tasks = 0")
+    unscripted = [t.uid for t in tasks if t.simulated_user is not None and not t.simulated_user.script]
+    if unscripted:
+        raise UsageError(f"reference rows need the user's turns, and {unscripted[0]} is a conversation whose "
+                         f"simulated user has no script (τ² telecom: the user acts on the phone between the agent's "
+                         f"calls): use telecom_solo, or set sft_tasks = 0")
+    policy = ReferencePolicy(tokenizer, tasks)  # finds each prompt's task by its uid, shared openings or not
     rows: list[Row] = []
     for task in tasks:
         cfg = RolloutConfig(env=benchmark.name, category=task.category, split="train", mode="real+shadow",
                             batch_size=1, embedding=False, rehearser=rehearser, caller_demo=caller_demo,
                             tool_docs=tool_docs)
-        # one scripted policy per task: it finds its task by the first user message, which tasks may
-        # share (τ² telecom has 5 distinct tickets among 114 tasks)
-        engine = build_engine(ReferencePolicy(tokenizer, [task]), benchmark, cfg, examples)
+        engine = build_engine(policy, benchmark, cfg, examples)
         for episode in engine.run_batch([(task, 0)]):
             _, episode_rows = training_rows([episode], ("caller", "rehearser"))
             rows += [Row(r.task_uid, r.role, r.prompt_ids, r.completion_ids, 1.0) for r in episode_rows]
-        rows += summariser_rows(task, engine.renderer)
+            rows += summariser_rows(episode.task, engine.renderer)  # a conversation's turns as its user said them
     return rows
 
 

@@ -19,8 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 from envace.envs.tau2.domains import DOMAINS, SOLO_DOMAINS, data_dir, tau2_module, toolkit_info
-from envace.envs.tau2.prompts import FIRST_AGENT_MESSAGE, agent_system_prompt, opening_message
-from envace.envs.tau2.user import STOP_SIGNALS, user_system_prompt
+from envace.envs.tau2.prompts import FIRST_AGENT_MESSAGE, agent_system_prompt, customer_request, opening_message
+from envace.envs.tau2.user import STOP, STOP_SIGNALS, user_system_prompt
 from envace.errors import UsageError
 from envace.types import ReferenceStep, SimulatedUser, Split, Task, ToolCall
 
@@ -79,11 +79,22 @@ def _build(category: str, raw: dict[str, Any], split: str, index: int) -> Task:
             "reference_texts": [" ".join(communicate)] if communicate else [],
         },
     )
-    task.reference = [replay_reference(task)]
     if not solo:  # τ²'s customer is played by a model: its prompt, the greeting it answers, its stop signals
         task.simulated_user = SimulatedUser(user_system_prompt(task), FIRST_AGENT_MESSAGE, STOP_SIGNALS,
-                                            task.payload["user_tools"])
+                                            task.payload["user_tools"], _script(task))
+    task.reference = [replay_reference(task)]  # the user's tools reach its environment through simulated_user
     return task
+
+
+def _script(task: Task) -> tuple[str, ...]:
+    """The customer's turns when a script plays them (SFT reference rows): the scenario's own request, then a stop.
+
+    None in telecom, where the customer acts on their phone between the agent's calls: a fixed script cannot
+    time those actions, so its reference rows are refused rather than taught out of order.
+    """
+    if task.payload["user_tools"]:
+        return ()
+    return (customer_request(task.payload["task"]), f"Thank you, that is all. {STOP}")
 
 
 def replay_reference(task: Task) -> list[ReferenceStep]:

@@ -7,7 +7,8 @@ text, as an `EXECUTION_ERROR` result. Every dispatched call and its response is 
 and are not kept, since τ²'s state never saw them.
 
 Telecom's user acts on their own phone: `execute_user` runs such a call (the user simulator's) against
-the user's tools with τ²'s `requestor="user"`.
+the user's tools with τ²'s `requestor="user"`. τ² reports a failed call as text, `Error: <message>`
+(`result_is_error`, the benchmark entry's failure convention).
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ import copy
 from typing import Any
 
 from envace.envs.base import Environment, Steps
+from envace.envs.benchmark import json_error
 from envace.envs.tau2.domains import tau2_module
 from envace.envs.tau2.scoring import initial_environment, score_trajectory
-from envace.envs.validate import check_call
 from envace.types import Score, Task, ToolCall, ToolResult
+
+
+def result_is_error(content: str) -> bool:
+    """τ²'s failure convention: the environment answers a tool that raised with `Error: <message>` (a rehearser
+    may also write the workbench's own `{"error": …}`)."""
+    return content.startswith("Error:") or json_error(content)
 
 
 class Tau2Env(Environment):
@@ -27,13 +34,7 @@ class Tau2Env(Environment):
 
     def _setup(self, task: Task) -> None:
         self.env = initial_environment(task)
-        self._user_tools = {t["function"]["name"]: t["function"] for t in task.payload["user_tools"]}
         self.trajectory: list[dict[str, Any]] = []
-
-    @property
-    def user_tools(self) -> dict[str, dict[str, Any]]:
-        """The simulated user's tools (telecom, not solo), name → OpenAI function schema."""
-        return self._user_tools
 
     def _run(self, call: ToolCall, requestor: str) -> ToolResult:
         message = tau2_module("data_model.message").ToolCall(
@@ -50,12 +51,7 @@ class Tau2Env(Environment):
     def _dispatch(self, call: ToolCall) -> ToolResult:
         return self._run(call, "assistant")
 
-    def execute_user(self, call: ToolCall) -> ToolResult:
-        """The simulated user's tool call, validated against the user's tools. Never raises."""
-        self.executions += 1
-        problem = check_call(call, self._user_tools)
-        if problem:
-            return ToolResult(f"{problem[0]}: {problem[1]}", is_error=True, error_kind=problem[0])
+    def _dispatch_user(self, call: ToolCall) -> ToolResult:
         return self._run(call, "user")
 
     def record_text(self, role: str, content: str) -> None:

@@ -67,8 +67,13 @@ def opening_message(task: dict[str, Any], solo: bool) -> str:
     """
     if solo:
         return task["ticket"]
+    return f"{STAND_IN_HEADER}\n{customer_request(task)}"
+
+
+def customer_request(task: dict[str, Any]) -> str:
+    """The scenario's reason for calling and known information, verbatim: what the customer opens with."""
     instructions = task["user_scenario"]["instructions"]
     if isinstance(instructions, str):
-        return f"{STAND_IN_HEADER}\n{instructions}"
+        return instructions
     parts = [instructions["reason_for_call"], instructions.get("known_info")]
-    return "\n".join([STAND_IN_HEADER] + [p.strip() for p in parts if p])
+    return "\n".join(p.strip() for p in parts if p)

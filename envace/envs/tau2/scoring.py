@@ -143,4 +143,5 @@ def score_trajectory(task: Task, messages: list[dict[str, Any]], termination: st
     reward, parts = _combine(item, env_info, action_info, comm_info)
     shown = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
     notes = "; ".join(_failures(basis, env_info, action_info, comm_info)) if reward < 1.0 else ""
-    return Score(reward == 1.0, f"reward {reward:.1f} ({shown})" + (f": {notes}" if notes else ""))
+    return Score(reward == 1.0, f"reward {reward:.1f} ({shown})" + (f": {notes}" if notes else ""), value=reward,
+                 subscores={k: float(v) for k, v in parts.items()})

@@ -1,0 +1,49 @@
+"""The benchmark entry: what the workbench needs to know about an environment besides the environment itself.
+
+A `Benchmark` is the unit of the public plugin API (`docs/environments.md`): built-ins are listed in
+`registry.py`, plugins return one from an entry point of the `envace.envs` group or from a
+`--env package.module:factory` spec (`plugins.py`). Its fields are the contract; new ones only ever come
+with a default, so an entry written against an older workbench keeps working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from envace.envs.base import Environment
+from envace.formats import as_json_value, is_error_value
+from envace.types import Task
+
+
+def json_error(content: str) -> bool:
+    """The default failure convention: the result is a JSON object with an `error` key (BFCL's tools, the rehearser)."""
+    return is_error_value(as_json_value(content))
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """`name` is what `--env` takes (a plugin is named by its entry point or its spec, whatever it calls itself).
+
+    `load_tasks(category, split="test", limit=None, offset=0)` returns `Task`s of one category and split
+    (`all` is both); `make_env()` a fresh `Environment` for one episode.
+    """
+
+    name: str
+    categories: tuple[str, ...]
+    default_category: str
+    load_tasks: Callable[..., list[Task]]
+    make_env: Callable[[], Environment]
+    # (task, k) -> the task cut after turn k, its checker's data included: what turn-level episodes need
+    truncate: Callable[[Task, int], Task] | None = None
+    # Whether a tool result's text reports a failure, for results written by the rehearser (and fidelity's error
+    # agreement); None: a JSON object with an `error` key. The real environment flags its own results.
+    result_is_error: Callable[[str], bool] | None = None
+    # Task uid -> why its gold cannot pass through the tools: a defect of the benchmark's own data (a gold call its
+    # schema refuses, a gold product missing from the database). `check-env` reports these by name and fails on
+    # every other failure, and on a listed task that passes (the list must stay true).
+    known_defects: Mapping[str, str] = field(default_factory=dict)
+
+    def is_error(self, content: str) -> bool:
+        """Whether `content`, a tool result as the caller sees it, reports a failure in this benchmark's convention."""
+        return bool((self.result_is_error or json_error)(content))

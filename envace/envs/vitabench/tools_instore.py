@@ -1,0 +1,218 @@
+"""The sixteen in-store tools (TOOLS.md §5.3), upstream's quirks included (§9).
+
+Kept on purpose: one product per order, taken from the product registry (with a duplicate id, another
+shop's record and price) and sharing that object, whose `quantity` each order overwrites in place, so
+earlier orders of it show the later quantity; every write sets `update_time` to now; a free booking starts
+`paid`; `instore_reservation` ignores `enable_reservation`; `instore_modify_reservation` sets the count to
+0 when it is omitted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envace.envs.vitabench.db import Booking, Order, Reservation, Shop
+from envace.envs.vitabench.fuzzy import keyword_query, rank
+from envace.envs.vitabench.tools_shared import DATETIME, SharedTools, ToolError, parse_time
+
+
+class InstoreTools(SharedTools):
+    ID_PREFIX = "OI"
+    ID_TAG = "instore"
+
+    def _venues(self) -> list[Shop]:
+        return list(self.db.shops.values())
+
+    def _order(self, order_id: str) -> Order:
+        order = self.db.orders.get(order_id)
+        if order is None:
+            raise ToolError(f"order {order_id} not found")
+        if order.order_type != "instore":
+            raise ToolError(f"order {order_id} is not an in-store order")
+        return order
+
+    def _record(self, table: dict[str, Any], kind: str, record_id: str) -> Any:
+        if record_id not in table:
+            raise ToolError(f"{kind} {record_id} not found")
+        return table[record_id]
+
+    def _time_problem(self, time: Any) -> str | None:
+        if parse_time(time, DATETIME) is None:
+            return f"Invalid time format: {time}. The time must be in the format YYYY-MM-DD HH:MM:SS."
+        return None
+
+    # -- search and orders ----------------------------------------------------------------------
+
+    def instore_shop_search_recommend(self, keywords: list[str]) -> str:
+        ranked = rank(keyword_query(keywords), self._venues(),
+                            lambda s: f"{s.shop_name},{','.join(s.tags)}")
+        return "\n".join(str(s) for s in ranked)
+
+    def instore_product_search_recommend(self, keywords: list[str]) -> str:
+        products = [self.db.products.get(p.product_id, p) for s in self._venues() for p in s.products]
+        ranked = rank(keyword_query(keywords), products, lambda p: f"{p.name},{','.join(p.tags)}")
+        return "\n".join(str(p) for p in ranked)
+
+    def create_instore_product_order(self, user_id: str, shop_id: str, product_id: str, quantity: int = 1) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        shop = self.db.shops.get(shop_id)
+        if shop is None:
+            return f"shop {shop_id} not found"
+        if product_id not in {p.product_id for p in shop.products}:
+            return f"product {product_id} not found in shop {shop_id}"
+        if quantity <= 0:
+            return "quantity must be greater than 0."
+        product = self.db.products[product_id]
+        product.quantity = quantity  # in place: the shop listing and earlier orders show it (§2)
+        order = Order(order_id=self._new_id(), order_type="instore", user_id=user_id, store_id=shop_id,
+                      status="unpaid", products=[product], total_price=float(quantity * product.price),
+                      create_time=self.db.time, update_time=self.db.time)
+        self.db.orders[order.order_id] = order
+        return str(order)
+
+    def pay_instore_order(self, order_id: str) -> str:
+        if not order_id:
+            return "order_id cannot be empty."
+        order = self._order(order_id)
+        if order.status != "unpaid":
+            return f"Order {order_id} is not in unpaid status and cannot be paid."
+        order.status, order.update_time = "paid", self.db.time
+        return "Payment successful"
+
+    def instore_cancel_order(self, order_id: str) -> str:
+        if not order_id:
+            return "order_id cannot be empty."
+        order = self._order(order_id)
+        if order.status == "cancelled":
+            return f"Order {order_id} is already cancelled."
+        order.status, order.update_time = "cancelled", self.db.time
+        return f"Order {order_id} is cancelled."
+
+    def get_instore_orders(self, user_id: str) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        found = [o for o in self.db.orders.values() if o.order_type == "instore" and o.user_id == user_id]
+        return "\n".join(str(o) for o in found) if found else f"User {user_id} has no order information."
+
+    # -- bookings (tables, possibly with a fee) ---------------------------------------------------
+
+    def instore_book(self, user_id: str, shop_id: str, time: str, customer_count: int = 1) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        shop = self.db.shops.get(shop_id)
+        if shop is None:
+            return f"shop {shop_id} not found"
+        if customer_count <= 0:
+            return "customer_count must be greater than 0."
+        if not time:
+            return "time cannot be empty."
+        problem = self._time_problem(time)
+        if problem:
+            return problem
+        if not shop.enable_book:
+            return f"Shop {shop_id} does not accept seat bookings."
+        book = Booking(self._new_id(), shop_id, time, self.db.time, user_id, customer_count, shop.book_price,
+                       "unpaid" if shop.book_price > 0 else "paid")
+        self.db.books[book.book_id] = book
+        return str(book)
+
+    def pay_instore_book(self, book_id: str) -> str:
+        if not book_id:
+            return "book_id cannot be empty."
+        book = self._record(self.db.books, "BookInfo", book_id)
+        if book.status != "unpaid":
+            return f"BookInfo {book_id} is not in unpaid status and cannot be paid."
+        book.status, book.update_time = "paid", self.db.time
+        return "Payment successful"
+
+    def instore_cancel_book(self, book_id: str) -> str:
+        if not book_id:
+            return "book_id cannot be empty."
+        book = self._record(self.db.books, "BookInfo", book_id)
+        if book.status == "cancelled":
+            return f"BookInfo {book_id} is already cancelled."
+        book.status, book.update_time = "cancelled", self.db.time
+        return f"BookInfo {book_id} is cancelled."
+
+    def get_instore_books(self, user_id: str) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        found = [b for b in self.db.books.values() if b.customer_id == user_id]
+        return "\n".join(str(b) for b in found) if found else f"User {user_id} has no seat booking information."
+
+    def search_instore_book(self, user_id: str, book_id: str | None = None) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        if book_id is None:
+            return self.get_instore_books(user_id)
+        book = self._record(self.db.books, "BookInfo", book_id)
+        if book.customer_id != user_id:
+            return f"BookInfo {book_id} does not belong to user {user_id}."
+        return str(book)
+
+    # -- reservations (free service appointments) -------------------------------------------------
+
+    def instore_reservation(self, user_id: str, shop_id: str, time: str, customer_count: int = 1) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        if shop_id not in self.db.shops:
+            return f"shop {shop_id} not found"
+        problem = self._time_problem(time)
+        if problem:
+            return problem
+        if customer_count <= 0:
+            return "customer_count must be greater than 0."
+        reservation = Reservation(self._new_id(), shop_id, time, self.db.time, user_id, customer_count, "unconsumed")
+        self.db.reservations[reservation.reservation_id] = reservation
+        return str(reservation)
+
+    def instore_modify_reservation(self, reservation_id: str, time: str, customer_count: int = 0) -> str:
+        if not reservation_id:
+            return "reservation_id cannot be empty."
+        reservation = self._record(self.db.reservations, "ReservationInfo", reservation_id)
+        if reservation.status in ("consumed", "cancelled"):
+            return f"ReservationInfo {reservation_id} is already {reservation.status} and cannot be modified."
+        if customer_count < 0:
+            return "customer_count must not be negative."
+        if not time:
+            return "time cannot be empty."
+        problem = self._time_problem(time)
+        if problem:
+            return problem
+        reservation.reservation_time, reservation.customer_count = time, customer_count
+        reservation.update_time = self.db.time
+        return str(reservation)
+
+    def instore_cancel_reservation(self, reservation_id: str) -> str:
+        if not reservation_id:
+            return "reservation_id cannot be empty."
+        reservation = self._record(self.db.reservations, "ReservationInfo", reservation_id)
+        if reservation.status == "cancelled":
+            return f"ReservationInfo {reservation_id} is already cancelled."
+        reservation.status, reservation.update_time = "cancelled", self.db.time
+        return f"ReservationInfo {reservation_id} is cancelled."
+
+    def get_instore_reservations(self, user_id: str) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        found = [r for r in self.db.reservations.values() if r.customer_id == user_id]
+        return "\n".join(str(r) for r in found) if found else f"User {user_id} has no reservation information."
+
+    def search_instore_reservation(self, user_id: str, reservation_id: str | None = None) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        if reservation_id is None:
+            return self.get_instore_reservations(user_id)
+        reservation = self._record(self.db.reservations, "ReservationInfo", reservation_id)
+        if reservation.customer_id != user_id:
+            return f"ReservationInfo {reservation_id} does not belong to user {user_id}."
+        return str(reservation)
