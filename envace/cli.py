@@ -368,6 +368,44 @@ def _no_pairs_hint(meta: dict[str, Any]) -> str:
     return "rerun with --mode real+shadow or rehearse+shadow"
 
 
+def _positive(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(f"{flag}: expected an integer, got '{text}'") from None
+        if value < 1:
+            raise UsageError(f"{flag}: must be at least 1, got {value}")
+        return value
+    return parse
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    """`envace judge RUN`: the optional rubric judge over a stored run's episodes (`envace/judge.py`)."""
+    from rich.table import Table
+
+    from envace.jobs import judge_job
+    from envace.judge import SUBSCORE, caveat
+
+    console = _console()
+    with console.status("judging …") as status:
+        run, rows = judge_job(args.run, runs_root(args.root), args.model, args.limit, args.max_new_tokens,
+                              _LiveReporter(console),
+                              progress=lambda done, total: status.update(f"judging: {done}/{total} windows"))
+    table = Table("episode", "task", "rubrics", "met", "unparsed", SUBSCORE, title=f"rubric judge of {run.run_id}")
+    for r in rows:
+        table.add_row(r["episode_id"], r["task_uid"], str(r["rubrics"]), str(r["met"]), str(r["unparsed"]),
+                      "-" if r[SUBSCORE] is None else f"{r[SUBSCORE]:.3f}")
+    shares = [r[SUBSCORE] for r in rows if r[SUBSCORE] is not None]
+    met, total = sum(r["met"] for r in rows), sum(r["rubrics"] for r in rows)
+    table.add_row("overall", f"{len(rows)} episode(s)", str(total), str(met), str(sum(r["unparsed"] for r in rows)),
+                  f"{sum(shares) / len(shares):.3f}" if shares else "-")
+    console.print(table)
+    console.print(caveat(args.model), markup=False)
+    console.print(f"stored in {run.path / 'judgements'}", markup=False)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from envace.export import export_run
 
@@ -659,6 +697,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = _with_root(sub.add_parser(name, help=text))
         p.add_argument("run")
         p.set_defaults(func=func)
+    p = _with_root(sub.add_parser("judge", help="optional rubric judging of a stored run by a model (VitaBench); "
+                                                 "stored apart, not comparable with published numbers"))
+    p.add_argument("run")
+    p.add_argument("--model", default="default",
+                   help="the judge: default, tiny, a checkpoint folder or a server URL (default: default)")
+    p.add_argument("--limit", type=_positive("--limit"), default=None, help="judge the first N episodes only")
+    p.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=256,
+                   help="tokens per judge answer (one line per rubric; default: 256)")
+    p.set_defaults(func=cmd_judge)
     _with_root(sub.add_parser("migrate", help="convert runs stored under the old table and column names")
                ).set_defaults(func=cmd_migrate)
     _with_root(sub.add_parser("doctor", help="every problem in a store, and what to do about it")

@@ -2,7 +2,7 @@
 
 `hf-datasets` writes a `datasets.DatasetDict` (`datasets.load_from_disk(DIR)`) with one split per table that
 has rows: episodes, generations (prompt and completion ids, log-probs, reward, advantage, trained), calls,
-pairs, memories, imagined, metrics. `parquet` and `jsonl` write one file per table.
+pairs, memories, imagined, metrics, judgements. `parquet` and `jsonl` write one file per table.
 """
 
 from __future__ import annotations

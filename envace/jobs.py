@@ -1,4 +1,4 @@
-"""Jobs as library functions: rollout, eval, sweep and train.
+"""Jobs as library functions: rollout, eval, sweep, train, and judge (rubric judging of a stored run).
 
 The CLI, the notebooks and `workbench.launch` (through the CLI) run these same functions. Each takes a
 validated config, writes one run to the store (a sweep: one eval run per cell plus its table run) and
@@ -250,3 +250,102 @@ def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = No
     if rank == 0:
         run.update(status="completed", summary=summary)
     return run, summary
+
+
+def _judged_episodes(con, meta: dict[str, Any], limit: int | None):
+    """(benchmark, episode rows) of a stored run to judge; a run without episodes or rubrics is a UsageError."""
+    run_id = meta["run_id"]
+    episodes = con.execute("SELECT step, episode_id, task_uid, env, category FROM episodes WHERE run_id = ? "
+                           "ORDER BY step, episode_id", [run_id]).fetchall()
+    if not episodes:
+        raise UsageError(f"run '{run_id}' has no episodes to judge")
+    config = meta.get("config") or {}
+    rollout = config.get("rollout") if isinstance(config.get("rollout"), dict) else {}
+    env = config.get("env") or rollout.get("env") or episodes[0][3]
+    benchmark = registry.get(str(env))
+    if benchmark.rubrics is None:
+        raise UsageError(f"run '{run_id}' plays {benchmark.name}, which has no rubrics to judge "
+                         "(rubric judging is for benchmarks with natural-language checks, e.g. vitabench)")
+    return benchmark, episodes[:limit]
+
+
+def judge_job(run_id: str, root: str | Path = "runs", model: str = "default", limit: int | None = None,
+              max_new_tokens: int = 256, reporter: Reporter | None = None, backend=None,
+              progress=None) -> tuple[Run, list[dict[str, Any]]]:
+    """Judge a stored run's episodes against their benchmark's rubrics (`envace/judge.py`) with `model` (or the
+    given `backend`, named `model`), and write table `judgements` (one shard per judge model: a re-run replaces
+    it). Returns (run, one summary per episode: episode_id, task_uid, rubrics, met, unparsed, rubric_judge)."""
+    import hashlib
+    import re
+
+    from envace import judge
+    from envace.policy.specs import check_model_spec
+    from envace.rehearsal.sampler import Sampler
+    from envace.store import connect
+    from envace.units import whole_uid
+
+    reporter = reporter or Reporter()
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"limit: must be at least 1, got {limit}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise UsageError(f"max-new-tokens: must be at least 1, got {max_new_tokens}")
+    root = Path(root)
+    meta = get_run(root, run_id)
+    con = connect(root)
+    benchmark, episodes = _judged_episodes(con, meta, limit)
+    if backend is None:
+        check_model_spec(model)
+    tasks = {}
+    for category in sorted({e[4] for e in episodes}):
+        tasks.update({t.uid: t for t in benchmark.load_tasks(category, "all")})
+    chosen = [e for e in episodes if (tasks.get(e[2]) or tasks.get(whole_uid(e[2]))) is not None]
+    for missing in [e for e in episodes if e not in chosen]:
+        reporter.say(f"skipped {missing[1]}: its task {missing[2]} is not in {benchmark.name} any more")
+    if not chosen:
+        raise UsageError(f"none of run '{meta['run_id']}''s tasks is in {benchmark.name}: nothing to judge")
+    ids = [e[1] for e in chosen]
+    rows_of: dict[str, dict[tuple[int, str], list[dict[str, Any]]]] = {"generations": {}, "calls": {}}
+    for table, columns, where in (
+            ("generations", "turn, turn_step, role, user_message, completion_text", " AND role IN ('caller', 'user')"),
+            ("calls", "turn, turn_step, call_index, name, arguments, response", "")):
+        cursor = con.execute(f"SELECT step, episode_id, {columns} FROM {table} WHERE run_id = ?{where} "
+                             "AND list_contains(?, episode_id)", [meta["run_id"], ids])
+        names = [d[0] for d in cursor.description]
+        for values in cursor.fetchall():
+            row = dict(zip(names, values, strict=True))
+            rows_of[table].setdefault((row["step"], row["episode_id"]), []).append(row)
+    items = []
+    for step, episode_id, uid, _, _ in chosen:
+        task = tasks.get(uid) or tasks[whole_uid(uid)]
+        greeting = task.simulated_user.greeting if task.simulated_user is not None else None
+        messages = judge.transcript(rows_of["generations"].get((step, episode_id), []),
+                                    rows_of["calls"].get((step, episode_id), []), greeting)
+        context = benchmark.judge_context(task) if benchmark.judge_context else ""
+        items.append(judge.Item(task.uid, list(benchmark.rubrics(task)), messages, context))
+    reporter.say(f"judging {len(items)} episode(s) of {meta['run_id']} ({benchmark.name}) with {model}, "
+                 f"{sum(len(i.rubrics) for i in items)} rubrics")
+    owned = []
+    try:
+        if backend is None:
+            from envace.policy import load_backend
+
+            reporter.say("loading the judge's model …")
+            backend = load_backend(model, say=reporter.say)
+            owned.append(backend)
+        results = judge.judge(Sampler(backend), items, max_new_tokens, progress)
+    finally:
+        _close(owned)
+    rows, summaries = [], []
+    for (step, episode_id, uid, _, _), item, result in zip(chosen, items, results, strict=True):
+        rows += [{"run_id": meta["run_id"], "step": step, "episode_id": episode_id, "task_uid": uid,
+                  "rubric_index": k, "rubric": rubric, "verdict": verdict, "judge_model": model,
+                  "judge_text": result.raw} for k, (rubric, verdict) in enumerate(zip(item.rubrics, result.verdicts,
+                                                                                      strict=True))]
+        summaries.append({"episode_id": episode_id, "task_uid": uid, "rubrics": len(item.rubrics),
+                          "met": sum(v is True for v in result.verdicts),
+                          "unparsed": sum(v is None for v in result.verdicts),
+                          judge.SUBSCORE: judge.share(result.verdicts)})
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("._-")[:60] or "model"
+    run = Run(root, meta["run_id"])
+    run.write("judgements", f"judge-{slug}-{hashlib.sha256(model.encode()).hexdigest()[:8]}", rows)
+    return run, summaries

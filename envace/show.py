@@ -1,15 +1,18 @@
 """`envace show RUN`: the tables that describe one stored run, whatever its kind.
 
-rollout / eval: episodes per category and phase, the most called tools; train: the SFT warm-up, every
-GRPO step per role, the evaluations, and the stored episodes per phase; sweep: its cells. Each table
-reads the store only, so a run that is still writing shows what it has so far.
+rollout / eval: episodes per category and phase, the rubric judge's sub-score when the run was judged
+(`envace judge`), the most called tools; train: the SFT warm-up, every GRPO step per role, the evaluations,
+the stored episodes per phase (and the rubric judge's); sweep: its cells. Each table reads the store only, so
+a run that is still writing shows what it has so far.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from envace.store import StoreIndex
 
@@ -109,12 +112,30 @@ def _sweep(con, run_id: str) -> Table | None:
     return table
 
 
-def tables(con, meta: dict[str, Any]) -> list[Table]:
+def _judgements(con, run_id: str) -> Group | None:
+    """The optional `rubric_judge` sub-score (`envace judge`), per judge model, with its caveat."""
+    from envace.judge import SUBSCORE, caveat
+
+    rows = con.execute(
+        "WITH e AS (SELECT judge_model, step, episode_id, count(*) AS n, count(*) FILTER (WHERE verdict) AS met, "
+        "count(*) - count(verdict) AS unparsed FROM judgements WHERE run_id = ? GROUP BY ALL) "
+        "SELECT judge_model, count(*), sum(n), sum(met), sum(unparsed), avg(met / n) FROM e "
+        "GROUP BY judge_model ORDER BY judge_model", [run_id]).fetchall()
+    if not rows:
+        return None
+    table = Table("judge", "episodes", "rubrics", "met", "unparsed", SUBSCORE, title="rubric judge")
+    for model, episodes, n, met, unparsed, mean in rows:
+        table.add_row(str(model), str(episodes), str(n), str(met), str(unparsed), _fmt(mean))
+    return Group(table, *(Text(caveat(r[0])) for r in rows))  # the caveat on its own line, below
+
+
+def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
     run_id, kind = meta["run_id"], meta.get("kind")
     if kind == "train":
-        parts = [_summary(meta), _grpo(con, run_id), _evals(con, run_id), _episodes(con, run_id)]
+        parts = [_summary(meta), _grpo(con, run_id), _evals(con, run_id), _episodes(con, run_id),
+                 _judgements(con, run_id)]
     elif kind == "sweep":
         parts = [_sweep(con, run_id)]
     else:
-        parts = [_episodes(con, run_id), _tools(con, run_id)]
+        parts = [_episodes(con, run_id), _judgements(con, run_id), _tools(con, run_id)]
     return [t for t in parts if t is not None]

@@ -137,6 +137,17 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("copied", pa.bool_()),           # the rehearsal is verbatim one of its few-shot examples
         ("decision_changed", pa.bool_()),  # the next caller action differs after real vs rehearsed (sampled)
     ]),
+    # One row per episode × rubric judged by `envace judge` (`envace/judge.py`): the optional `rubric_judge`
+    # sub-score (share of an episode's rubrics met), a local model's stand-in for an official LLM judge, never
+    # part of the official score. One shard per judge model, rewritten by a re-run.
+    "judgements": pa.schema(_KEY + [
+        ("task_uid", pa.string()),
+        ("rubric_index", pa.int32()),     # position in `Benchmark.rubrics(task)`, from 0
+        ("rubric", pa.string()),
+        ("verdict", pa.bool_()),          # met or not; NULL when the judge's answer gave none for it
+        ("judge_model", pa.string()),     # the judge's model spec
+        ("judge_text", pa.string()),      # the judge's raw answer for the episode (every window's)
+    ]),
 }
 
 # Stores written before these names changed: the old name of each table folder and column. `refresh` skips

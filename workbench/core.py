@@ -264,6 +264,17 @@ class Workbench:
             "USING (run_id, step, episode_id) WHERE e.run_id = ? GROUP BY ALL ORDER BY fidelity",
             [check_run_id(run_id)])
 
+    def judgements(self, run_id: str | None = None) -> pd.DataFrame:
+        """The optional rubric judge's rows (`envace judge`), one per episode × rubric, each with its episode's
+        `rubric_judge` sub-score: the share of its rubrics met (an unparsed verdict counts as not met). A local
+        model's stand-in for an official LLM judge: never comparable with published numbers."""
+        where, params = _filters(("run_id = ?", _run(run_id)))
+        return self._df(
+            "SELECT run_id, step, episode_id, task_uid, judge_model, rubric_index, rubric, verdict, "
+            "avg(coalesce(verdict, false)::DOUBLE) OVER (PARTITION BY run_id, judge_model, step, episode_id) "
+            f"AS rubric_judge, judge_text FROM {self._source('judgements', run_id)} {where} "
+            "ORDER BY run_id, judge_model, step, episode_id, rubric_index", params)
+
     # -- training and private rehearsal ------------------------------------------------------------
 
     def training(self, run_id: str, phase: str = "grpo") -> pd.DataFrame:

@@ -43,6 +43,13 @@ class Benchmark:
     # schema refuses, a gold product missing from the database). `check-env` reports these by name and fails on
     # every other failure, and on a listed task that passes (the list must stay true).
     known_defects: Mapping[str, str] = field(default_factory=dict)
+    # Task -> the natural-language checks an LLM judge scores on an episode's transcript (`envace judge`,
+    # `envace/judge.py`), each string once; None: the benchmark has none. Its verdicts are stored apart from the
+    # official score (table `judgements`), as the `rubric_judge` sub-score.
+    rubrics: Callable[[Task], list[str]] | None = None
+    # Task -> what the judge reads besides the transcript and the rubrics (the task's time, the user's full
+    # instruction); None: nothing.
+    judge_context: Callable[[Task], str] | None = None
 
     def is_error(self, content: str) -> bool:
         """Whether `content`, a tool result as the caller sees it, reports a failure in this benchmark's convention."""

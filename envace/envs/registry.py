@@ -34,11 +34,12 @@ def _tau2() -> Benchmark:
 
 def _vitabench() -> Benchmark:
     from envace.envs.vitabench import CATEGORIES, VitaBenchEnv, load_tasks
-    from envace.envs.vitabench.data import KNOWN_DEFECTS
+    from envace.envs.vitabench.data import KNOWN_DEFECTS, judge_context, rubrics
     from envace.envs.vitabench.env import result_is_error
 
     return Benchmark("vitabench", CATEGORIES, "delivery_solo", load_tasks, VitaBenchEnv,
-                     result_is_error=result_is_error, known_defects=KNOWN_DEFECTS)
+                     result_is_error=result_is_error, known_defects=KNOWN_DEFECTS, rubrics=rubrics,
+                     judge_context=judge_context)
 
 
 _BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2, "vitabench": _vitabench}

@@ -31,7 +31,7 @@ from typing import Any
 
 from envace.envs.vitabench.env import VitaBenchEnv
 from envace.envs.vitabench.gold import replay_gold
-from envace.envs.vitabench.prompts import agent_system_prompt, opening_message
+from envace.envs.vitabench.prompts import agent_system_prompt, opening_message, weekday
 from envace.envs.vitabench.user import GREETING, STOP_SIGNALS, user_system_prompt
 from envace.errors import UsageError
 from envace.types import SimulatedUser, Split, Task
@@ -167,6 +167,22 @@ def _build(category: str, raw: dict[str, Any]) -> Task:
     if not solo:
         task.simulated_user = SimulatedUser(user_system_prompt(task), GREETING, STOP_SIGNALS)
     return task
+
+
+def rubrics(task: Task) -> list[str]:
+    """The rubrics the official judge scores (TOOLS.md §6): every `state_rubrics` entry of every expected state,
+    then `overall_rubrics`, each string once (only identical strings are duplicates, as upstream removes them)."""
+    criteria = task.payload["task"]["evaluation_criteria"]
+    found = [r for state in criteria.get("expected_states") or [] for r in state.get("state_rubrics") or []]
+    found += criteria.get("overall_rubrics") or []
+    return list(dict.fromkeys(r for r in found if isinstance(r, str) and r.strip()))
+
+
+def judge_context(task: Task) -> str:
+    """What the official judge reads besides the transcript: the task's time and the user's full instruction."""
+    raw = task.payload["task"]
+    time = raw["environment"]["time"]
+    return f"Current time: {time} ({weekday(time)})\nUser instruction: {raw['instructions'].strip()}"
 
 
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None, offset: int = 0) -> list[Task]:

@@ -129,32 +129,42 @@ class InstoreTools(SharedTools):
         book.status, book.update_time = "paid", self.db.time
         return "Payment successful"
 
+    # Bookings and reservations are cancelled, listed and looked up alike; only the table and the texts differ.
+    def _cancel(self, table: dict, kind: str, id_name: str, record_id: str) -> str:
+        if not record_id:
+            return f"{id_name} cannot be empty."
+        record = self._record(table, kind, record_id)
+        if record.status == "cancelled":
+            return f"{kind} {record_id} is already cancelled."
+        record.status, record.update_time = "cancelled", self.db.time
+        return f"{kind} {record_id} is cancelled."
+
+    def _user_records(self, table: dict, user_id: str, none_text: str) -> str:
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        found = [r for r in table.values() if r.customer_id == user_id]
+        return "\n".join(str(r) for r in found) if found else f"User {user_id} has no {none_text}."
+
+    def _search(self, table: dict, kind: str, none_text: str, user_id: str, record_id: str | None) -> str:
+        if record_id is None:
+            return self._user_records(table, user_id, none_text)
+        problem = self._user_problem(user_id)
+        if problem:
+            return problem
+        record = self._record(table, kind, record_id)
+        if record.customer_id != user_id:
+            return f"{kind} {record_id} does not belong to user {user_id}."
+        return str(record)
+
     def instore_cancel_book(self, book_id: str) -> str:
-        if not book_id:
-            return "book_id cannot be empty."
-        book = self._record(self.db.books, "BookInfo", book_id)
-        if book.status == "cancelled":
-            return f"BookInfo {book_id} is already cancelled."
-        book.status, book.update_time = "cancelled", self.db.time
-        return f"BookInfo {book_id} is cancelled."
+        return self._cancel(self.db.books, "BookInfo", "book_id", book_id)
 
     def get_instore_books(self, user_id: str) -> str:
-        problem = self._user_problem(user_id)
-        if problem:
-            return problem
-        found = [b for b in self.db.books.values() if b.customer_id == user_id]
-        return "\n".join(str(b) for b in found) if found else f"User {user_id} has no seat booking information."
+        return self._user_records(self.db.books, user_id, "seat booking information")
 
     def search_instore_book(self, user_id: str, book_id: str | None = None) -> str:
-        problem = self._user_problem(user_id)
-        if problem:
-            return problem
-        if book_id is None:
-            return self.get_instore_books(user_id)
-        book = self._record(self.db.books, "BookInfo", book_id)
-        if book.customer_id != user_id:
-            return f"BookInfo {book_id} does not belong to user {user_id}."
-        return str(book)
+        return self._search(self.db.books, "BookInfo", "seat booking information", user_id, book_id)
 
     # -- reservations (free service appointments) -------------------------------------------------
 
@@ -191,28 +201,11 @@ class InstoreTools(SharedTools):
         return str(reservation)
 
     def instore_cancel_reservation(self, reservation_id: str) -> str:
-        if not reservation_id:
-            return "reservation_id cannot be empty."
-        reservation = self._record(self.db.reservations, "ReservationInfo", reservation_id)
-        if reservation.status == "cancelled":
-            return f"ReservationInfo {reservation_id} is already cancelled."
-        reservation.status, reservation.update_time = "cancelled", self.db.time
-        return f"ReservationInfo {reservation_id} is cancelled."
+        return self._cancel(self.db.reservations, "ReservationInfo", "reservation_id", reservation_id)
 
     def get_instore_reservations(self, user_id: str) -> str:
-        problem = self._user_problem(user_id)
-        if problem:
-            return problem
-        found = [r for r in self.db.reservations.values() if r.customer_id == user_id]
-        return "\n".join(str(r) for r in found) if found else f"User {user_id} has no reservation information."
+        return self._user_records(self.db.reservations, user_id, "reservation information")
 
     def search_instore_reservation(self, user_id: str, reservation_id: str | None = None) -> str:
-        problem = self._user_problem(user_id)
-        if problem:
-            return problem
-        if reservation_id is None:
-            return self.get_instore_reservations(user_id)
-        reservation = self._record(self.db.reservations, "ReservationInfo", reservation_id)
-        if reservation.customer_id != user_id:
-            return f"ReservationInfo {reservation_id} does not belong to user {user_id}."
-        return str(reservation)
+        return self._search(self.db.reservations, "ReservationInfo", "reservation information", user_id,
+                            reservation_id)
