@@ -158,8 +158,9 @@ def bench_train_vllm(model: str = "default", tasks: int = 2, console=None) -> di
             metrics = dict(connect(root).execute(
                 "SELECT name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all'",
                 [name]).fetchall())
-            result[name] = {k: round(metrics[k], 2) for k in ("rollout_s", "step_s", "sync_s", "logprob_gap",
-                                                              "kl_estimate") if k in metrics}
+            # seconds to the hundredth; the log-prob gap and KL are ~1e-5, so three significant digits
+            result[name] = {k: round(metrics[k], 2) if k.endswith("_s") else float(f"{metrics[k]:.3g}")
+                            for k in ("rollout_s", "step_s", "sync_s", "logprob_gap", "kl_estimate") if k in metrics}
             result[name]["tokens"] = sum(v for (v,) in connect(root).execute(
                 "SELECT value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND name = 'tokens' "
                 "AND role <> 'all'", [name]).fetchall())
