@@ -163,11 +163,14 @@ class RehearserOptions(Config):
     history: bool = doc("the flattened conversation so far", True)
     latest_message: bool = doc("the caller's latest raw message", True)
     max_new_tokens: int = doc("token budget of one rehearsal", 128)
+    temperature: float | None = doc(
+        "sampling temperature of rehearsals; unset = the rollout's (an environment answers consistently, so a "
+        "cooler rehearser keeps the caller's exploration without drowning it in malformed rehearsals)", None)
     on_error: Literal["end_episode", "feed_error"] = doc(
         "a malformed rehearsal that is fed back: end_episode (reference) | feed_error", "end_episode")
 
     def validate(self) -> None:
-        at_least(self, 0, "max_examples")
+        at_least(self, 0, "max_examples", "temperature")
         at_least(self, 1, "max_new_tokens")
 
 

@@ -6,7 +6,7 @@
 2. The run is read back through DuckDB: summary and per-tool world-model fidelity.
 3. Training: a LoRA SFT warm-up on train-split reference rows, then one role-wise GRPO step in the
    rehearsed world (no environment in the loop), on turn-level episodes: the gold prefix is replayed and
-   the policy plays one train turn G = 4 times, so a group's rewards can differ.
+   the policy plays each of 3 train turns G = 4 times, so a group's rewards can differ.
 4. The trained checkpoint is evaluated with private rehearsal: one imagined attempt per user turn,
    condensed into a memory, then one committed real execution.
 5. The command that opens the app (`envace app`) on the rollout, and what else to try.
@@ -47,7 +47,7 @@ def run() -> int:
     for tool, real, rehearsed, f1 in con.execute(sql, [name]).fetchall():
         print(f"  {tool}\n    real      {real[:90]!r}\n    rehearsed {str(rehearsed)[:90]!r}  (struct F1 {f1:.2f})")
     step("3/5 training: LoRA SFT warm-up on 2 train tasks, then one role-wise GRPO step in the rehearsed world\n"
-         "    on turn-level episodes (gold prefix replayed, 2 train turns × G = 4)")
+         "    on turn-level episodes (gold prefix replayed, 3 train turns × G = 4)")
     rc = envace(["train", "experiments/demo.toml", "--run-name", trained])
     if rc:
         return rc

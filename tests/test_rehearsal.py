@@ -192,3 +192,20 @@ def test_a_shadow_share_pairs_whole_episodes_and_a_mix_inside_a_shadow_executes_
         assert ep.env.executions == len(ep.calls)  # mixed-in real calls are not executed a second time
         assert len(ep.pairs) == len(ep.calls) - real  # a real call fed back has no rehearsal beside it
         assert len(ep.of_role("rehearser")) == len(ep.calls) - real
+
+
+@pytest.mark.parametrize("rehearser_temperature", [None, 0.0])
+def test_the_rehearser_samples_at_its_own_temperature_when_given_one(bfcl, reference_policy, rehearser_temperature):
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    policy = reference_policy(tasks)
+    seen = []
+    generate = policy.generate
+    policy.generate = lambda prompts, params: seen.append(params.temperature) or generate(prompts, params)
+    engine = _engine(policy, bfcl, mode="rehearse", temperature=0.7,
+                     rehearser=RehearserOptions(temperature=rehearser_temperature))
+    engine.run_batch([(t, 0) for t in tasks])
+    decoded = [policy.tokenizer.decode(p) for p in policy.prompts]
+    roles = ["rehearser" if "## Call to simulate" in d else "caller" for d in decoded]
+    assert len(seen) >= 2 and set(roles) == {"caller", "rehearser"}
+    # one backend call per role and step: the calls that hold rehearser prompts got the rehearser's temperature
+    assert 0.7 in seen and (0.0 in seen) == (rehearser_temperature == 0.0)

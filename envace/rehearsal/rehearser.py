@@ -72,7 +72,7 @@ class Rehearser:
             messages = rehearser_prompt(ep.task, p.call, examples, ep.history, ep.latest, self.options)
             prompts.append(self.renderer.messages(messages))
         gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen,
-                            tasks=[p.episode.task.uid for p in pending])
+                            tasks=[p.episode.task.uid for p in pending], temperature=self.options.temperature)
         out = []
         for p, prompt, gen, examples in zip(pending, prompts, gens, shown, strict=True):
             parsed = parse_execution_result(strip_thinking(gen.text))

@@ -27,10 +27,13 @@ class Sampler:
         return self.backend.tokenizer
 
     def __call__(self, prompts: list[list[int]], max_new_tokens: int, greedy: bool = False, frozen: bool = False,
-                 backend: Backend | None = None, tasks: list[str] | None = None) -> list[Generation]:
-        """One backend call; `tasks` names each prompt's task (`SamplingParams.tasks`)."""
+                 backend: Backend | None = None, tasks: list[str] | None = None,
+                 temperature: float | None = None) -> list[Generation]:
+        """One backend call; `tasks` names each prompt's task (`SamplingParams.tasks`); `temperature` overrides
+        the job's for this call (a role sampled at its own temperature)."""
         self.calls += 1
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else self.temperature,
+        own = self.temperature if temperature is None else temperature
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0 if greedy else own,
                                 top_p=self.top_p, seed=self.seed * 1_000_003 + self.calls, logprobs=True,
                                 frozen=frozen, tasks=tuple(tasks or ()))
         start = time.perf_counter()
