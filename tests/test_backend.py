@@ -61,3 +61,21 @@ def test_shared_prefix_is_copied_not_stolen():
     assert copy.n == 3 and cache.shared == 1
     own = cache.take([1, 2, 3, 4, 5, 6])  # the stored entry's own continuation takes it over
     assert own.n == 5 and cache.hits == 1 and cache.take([1, 2, 3, 4, 5, 6]) is None
+
+
+def test_the_strategy_follows_the_device(tiny):
+    """The prefix cache where it measurably wins (a CPU); padded batches on an accelerator."""
+    import torch
+
+    from envace.policy.hf import prefers_prefix_cache
+
+    model, tok = tiny
+    assert prefers_prefix_cache(torch.device("cpu")) and prefers_prefix_cache("cpu")
+    assert not prefers_prefix_cache(torch.device("cuda", 0)) and not prefers_prefix_cache("cuda")
+    assert HFBackend(model, tok).caches is not None  # the tiny model lives on the CPU here
+
+    class OnAccelerator(torch.nn.Module):  # the device a model reports decides; nothing runs on it
+        device = torch.device("cuda", 0)
+        config = model.config
+
+    assert HFBackend(OnAccelerator(), tok).caches is None
