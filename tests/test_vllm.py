@@ -163,5 +163,8 @@ def test_a_server_that_dies_mid_run_leaves_the_run_interrupted(servers, tmp_path
         time.sleep(0.2)
     servers[1].stop(grace_s=5)
     _, err = job.communicate(timeout=300)
-    assert job.returncode == 2 and "Traceback" not in err and "not reachable" in err
+    # dying, the server stops listening or first answers 500 from its broken engine: either is one clear line
+    lines = err.strip().splitlines()
+    assert job.returncode == 2 and "Traceback" not in err and len(lines) == 1, err
+    assert "not reachable" in lines[0] or "failed while serving" in lines[0], err
     assert connect(tmp_path).execute("SELECT status FROM runs").fetchall() == [("interrupted",)]

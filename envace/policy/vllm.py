@@ -63,8 +63,10 @@ def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600
         with urllib.request.urlopen(req, timeout=timeout_s) as response:
             text = response.read().decode()
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:300]
-        raise UsageError(f"{url} answered {exc.code}: {' '.join(detail.split())}") from None
+        detail = " ".join(exc.read().decode(errors="replace")[:300].split())
+        if exc.code >= 500:  # a server whose engine died, or one stopping, answers 5xx before it stops listening
+            raise UsageError(f"{url} failed while serving (answered {exc.code}): {detail}") from None
+        raise UsageError(f"{url} answered {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise UsageError(f"{url} is not reachable ({getattr(exc, 'reason', exc)})") from None
     try:
