@@ -6,7 +6,10 @@ what the trainer used (reward, advantage, trained) instead of leaving it to be r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,15 +58,36 @@ def generation_row(ep: Episode, g: Generated) -> dict[str, Any]:
             "logprobs": g.gen.logprobs, "reward": g.reward, "advantage": g.advantage, "trained": g.trained}
 
 
+@contextlib.contextmanager
+def _signals_deferred():
+    """Ctrl-C and SIGTERM wait until the block is done: a step's shards are written together or not at all.
+
+    The handlers raise in the main thread between two bytecodes, so without this a signal landing between two
+    tables' shards left an episode stored without its generations. kill -9 cannot be deferred; `episodes` is
+    written last, so readers, which start from episodes, never see a half-stored step, and a resumed run
+    rewrites the step's shards under the same names."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def write_step(run: Run, step: int, episodes: list[Episode], rows: list[dict[str, Any]], shard: str) -> None:
     """Every table of one step's finished episodes as one shard each (written whole, then renamed)."""
     key = {"run_id": run.run_id, "step": step}
-    run.write("episodes", shard, [{**key, **row} for row in rows])
-    run.write("generations", shard, [{**key, **generation_row(ep, g)} for ep in episodes for g in ep.generations])
-    for table in ("calls", "pairs", "memories", "imagined"):
-        records = [{**key, **r} for ep in episodes for r in getattr(ep, table)]
-        if records or table in ("calls", "pairs"):
-            run.write(table, shard, records)
+    with _signals_deferred():
+        run.write("generations", shard, [{**key, **generation_row(ep, g)} for ep in episodes
+                                         for g in ep.generations])
+        for table in ("calls", "pairs", "memories", "imagined"):
+            records = [{**key, **r} for ep in episodes for r in getattr(ep, table)]
+            if records or table in ("calls", "pairs"):
+                run.write(table, shard, records)
+        run.write("episodes", shard, [{**key, **row} for row in rows])
 
 
 @dataclass
