@@ -269,6 +269,34 @@ def _judged_episodes(con, meta: dict[str, Any], limit: int | None):
     return benchmark, episodes[:limit]
 
 
+def _judge_items(con, run_id: str, chosen: list[tuple], tasks: dict, benchmark) -> list:
+    """One `judge.Item` per chosen episode: its task's rubrics and its transcript, rebuilt from the stored caller
+    and user generations and the calls with their responses."""
+    from envace import judge
+    from envace.units import whole_uid
+
+    ids = [e[1] for e in chosen]
+    rows_of: dict[str, dict[tuple[int, str], list[dict[str, Any]]]] = {"generations": {}, "calls": {}}
+    for table, columns, where in (
+            ("generations", "turn, turn_step, role, user_message, completion_text", " AND role IN ('caller', 'user')"),
+            ("calls", "turn, turn_step, call_index, name, arguments, response", "")):
+        cursor = con.execute(f"SELECT step, episode_id, {columns} FROM {table} WHERE run_id = ?{where} "
+                             "AND list_contains(?, episode_id)", [run_id, ids])
+        names = [d[0] for d in cursor.description]
+        for values in cursor.fetchall():
+            row = dict(zip(names, values, strict=True))
+            rows_of[table].setdefault((row["step"], row["episode_id"]), []).append(row)
+    items = []
+    for step, episode_id, uid, _, _ in chosen:
+        task = tasks.get(uid) or tasks[whole_uid(uid)]
+        greeting = task.simulated_user.greeting if task.simulated_user is not None else None
+        messages = judge.transcript(rows_of["generations"].get((step, episode_id), []),
+                                    rows_of["calls"].get((step, episode_id), []), greeting)
+        context = benchmark.judge_context(task) if benchmark.judge_context else ""
+        items.append(judge.Item(task.uid, list(benchmark.rubrics(task)), messages, context))
+    return items
+
+
 def judge_job(run_id: str, root: str | Path = "runs", model: str = "default", limit: int | None = None,
               max_new_tokens: int = 256, reporter: Reporter | None = None, backend=None,
               progress=None) -> tuple[Run, list[dict[str, Any]]]:
@@ -303,25 +331,7 @@ def judge_job(run_id: str, root: str | Path = "runs", model: str = "default", li
         reporter.say(f"skipped {missing[1]}: its task {missing[2]} is not in {benchmark.name} any more")
     if not chosen:
         raise UsageError(f"none of run '{meta['run_id']}''s tasks is in {benchmark.name}: nothing to judge")
-    ids = [e[1] for e in chosen]
-    rows_of: dict[str, dict[tuple[int, str], list[dict[str, Any]]]] = {"generations": {}, "calls": {}}
-    for table, columns, where in (
-            ("generations", "turn, turn_step, role, user_message, completion_text", " AND role IN ('caller', 'user')"),
-            ("calls", "turn, turn_step, call_index, name, arguments, response", "")):
-        cursor = con.execute(f"SELECT step, episode_id, {columns} FROM {table} WHERE run_id = ?{where} "
-                             "AND list_contains(?, episode_id)", [meta["run_id"], ids])
-        names = [d[0] for d in cursor.description]
-        for values in cursor.fetchall():
-            row = dict(zip(names, values, strict=True))
-            rows_of[table].setdefault((row["step"], row["episode_id"]), []).append(row)
-    items = []
-    for step, episode_id, uid, _, _ in chosen:
-        task = tasks.get(uid) or tasks[whole_uid(uid)]
-        greeting = task.simulated_user.greeting if task.simulated_user is not None else None
-        messages = judge.transcript(rows_of["generations"].get((step, episode_id), []),
-                                    rows_of["calls"].get((step, episode_id), []), greeting)
-        context = benchmark.judge_context(task) if benchmark.judge_context else ""
-        items.append(judge.Item(task.uid, list(benchmark.rubrics(task)), messages, context))
+    items = _judge_items(con, meta["run_id"], chosen, tasks, benchmark)
     reporter.say(f"judging {len(items)} episode(s) of {meta['run_id']} ({benchmark.name}) with {model}, "
                  f"{sum(len(i.rubrics) for i in items)} rubrics")
     owned = []
