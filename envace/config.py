@@ -332,6 +332,10 @@ class TrainConfig(Config):
     grpo_tasks: int | None = doc("GRPO samples its units from the first N train tasks (unset = all of them; "
                                  "N = sft_tasks trains on what SFT taught, where a small model hits often "
                                  "enough for a group's rewards to differ)", None)
+    grpo_units: list[str] | None = doc("GRPO samples only these units of its pool, by uid as episodes store it "
+                                       "(e.g. 'bfcl/multi_turn_base_4@t1'): a fixed pool, such as the turns where "
+                                       "a screen of the starting policy had reward spread (unset = the whole pool)",
+                                       None)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
@@ -379,6 +383,9 @@ class TrainConfig(Config):
         at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit",
                  "grpo_tasks")
         at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
+        if self.grpo_units is not None and (not self.grpo_units or
+                                            not all(isinstance(u, str) and u for u in self.grpo_units)):
+            raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")
         at_least(self, 1, "vllm_importance_cap")
         within(self, 0, 1, "real_fraction_end")
         for name in ("lr", "sft_lr"):

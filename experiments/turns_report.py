@@ -80,6 +80,20 @@ def training_table(wb: Workbench, run: str) -> pd.DataFrame:
     return out.reset_index()
 
 
+def fidelity_table(wb: Workbench, run: str) -> pd.DataFrame:
+    """Per GRPO step, the rehearser's fidelity on that step's own shadow pairs (empty without shadow pairs)."""
+    long = wb.fidelity_over_training(run)
+    long = long[long["source"] == "train"]
+    if long.empty:
+        return pd.DataFrame()
+    wide = long.pivot_table(index="step", columns="name", values="value")
+    pairs = wb.pairs(run)
+    counts = pd.DataFrame({"pairs": pairs.groupby("step").size(),
+                           "malformed": pairs["rehearsal_error"].notna().groupby(pairs["step"]).mean()})
+    columns = [c for c in ("valid_json", "exact", "structure_f1", "value_acc", "error_agree") if c in wide]
+    return counts.join(wide[columns]).reset_index()
+
+
 def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
     episodes = wb.episodes(run, limit=100_000).set_index("task_uid")
     meta = wb.runs().set_index("run_id").loc[run]
@@ -115,6 +129,12 @@ def main() -> None:
         print(f"\n### {run}: GRPO steps\n")
         print(md(table))
         print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
+        fidelity = fidelity_table(wb, run)
+        if not fidelity.empty:
+            b, lo, hi = slope(fidelity["step"].to_numpy(float), fidelity["structure_f1"].to_numpy(float))
+            print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
+            print(md(fidelity))
+            print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
     rows, sft = [], None
     for arm in ["base", "sft", *args.arms]:
         run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")

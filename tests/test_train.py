@@ -182,6 +182,22 @@ def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
     assert first[0] == 0 and last[0] == last[1]  # rehearsed world first, the real one at the end
 
 
+def test_grpo_units_fix_the_pool_and_an_unknown_uid_is_one_error_line(tmp_path, capsys):
+    from envace.store import connect
+
+    root = str(tmp_path)
+    fixed = ["--set", "sft_tasks=0", "--set", "grpo_steps=2"]
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "bad", *fixed,
+                 "--set", 'grpo_units=["bfcl/multi_turn_base_3"]']) == 2  # a test task: not in the pool
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grpo_units: bfcl/multi_turn_base_3 is not one of the" in err[0]
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "fixed", *fixed,
+                 "--set", 'grpo_units=["bfcl/multi_turn_base_5"]']) == 0
+    played = connect(root).execute("SELECT DISTINCT step, task_uid FROM episodes WHERE run_id = 'fixed' "
+                                   "AND phase = 'grpo' ORDER BY step").fetchall()
+    assert played == [(0, "bfcl/multi_turn_base_5"), (1, "bfcl/multi_turn_base_5")]
+
+
 def test_set_overrides_are_validated_like_the_file(tmp_path):
     for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "rollout.group_size=0"],
                 ["--set", "rollout.rehearser.x=1"], ["--set", "lr=abc"], ["--set", "lr=nan"]):

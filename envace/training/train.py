@@ -312,6 +312,17 @@ def _save_checkpoint(s: Session, tok) -> Any:
     return out
 
 
+def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
+    """The units of `pool` named by `grpo_units`; a uid outside the pool is a usage error, not an empty step."""
+    known = {t.uid for t in pool}
+    missing = [u for u in uids if u not in known]
+    if missing:
+        example = f" (e.g. {min(known)})" if known else ""
+        raise UsageError(f"grpo_units: {missing[0]} is not one of the {len(pool)} train {unit}s GRPO samples "
+                         f"from{example}")
+    return [t for t in pool if t.uid in set(uids)]
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     launcher = launcher_fsdp(cfg.shard_optimizer)
     procs = _processes(cfg, launcher, say)
@@ -332,6 +343,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     if cfg.grpo_tasks is not None:
         first = {t.uid for t in train_tasks[: cfg.grpo_tasks]}
         pool = [t for t in pool if units.source_uid(t) in first]
+    if cfg.grpo_units is not None:
+        pool = _fixed_pool(pool, cfg.grpo_units, rollout.unit)
     if len(pool) < cfg.tasks_per_step:
         raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
                          f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls)")
