@@ -314,13 +314,13 @@ def _save_checkpoint(s: Session, tok) -> Any:
 
 def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
     """The units of `pool` named by `grpo_units`; a uid outside the pool is a usage error, not an empty step."""
-    known = {t.uid for t in pool}
+    known, wanted = {t.uid for t in pool}, set(uids)
     missing = [u for u in uids if u not in known]
     if missing:
         example = f" (e.g. {min(known)})" if known else ""
         raise UsageError(f"grpo_units: {missing[0]} is not one of the {len(pool)} train {unit}s GRPO samples "
                          f"from{example}")
-    return [t for t in pool if t.uid in set(uids)]
+    return [t for t in pool if t.uid in wanted]
 
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
