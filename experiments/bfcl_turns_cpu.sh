@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The "learning you can see" recipe (experiments/bfcl_turns_cpu.toml): one SFT checkpoint, then five GRPO arms
-# with the same number of steps from it, every arm evaluated on the same 24 BFCL test turns, plus base and SFT.
+# The "learning you can see" recipe (experiments/bfcl_turns_cpu.toml): one SFT checkpoint, a pass-rate screen
+# of GRPO's pool with it, then five GRPO arms with the same number of steps from it on the screened turns, every
+# arm evaluated on the same 24 BFCL test turns, plus base and SFT.
 # A re-run keeps every run that already completed. TAG names the set (default: turns); STEPS overrides the
-# GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS picks arms (default: all five, in this order);
-# the base model's evaluation comes last.
+# GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS
+# picks arms (default: all five, in this order); SCREEN=0 skips the screen (every step then draws its turns
+# from the whole pool, and most groups are flat: docs/results.md); the base model's evaluation comes last.
 set -euo pipefail
 CONFIG=experiments/bfcl_turns_cpu.toml
 ROOT=${ENVACE_RUNS:-runs}
@@ -17,12 +19,22 @@ if [ -z "${SFT:-}" ]; then  # SFT=CHECKPOINT starts the arms from a checkpoint t
   SFT="$ROOT/sft-$TAG/checkpoint"
 fi
 done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
+# The screen samples the pool as GRPO will (experiments/bfcl_turns_screen.toml); a turn whose 8 rewards are all
+# equal gives no group a signal, so the arms train on the others, all of them every step.
+POOL=() SUFFIX=""
+if [ "${SCREEN:-1}" != 0 ]; then
+  done_run "screen-sft-$TAG" || envace rollout --config experiments/bfcl_turns_screen.toml --model "$SFT" \
+    --run-name "screen-sft-$TAG"
+  UNITS=$(.venv/bin/python experiments/screen_units.py "screen-sft-$TAG" --root "$ROOT")
+  COUNT=$(.venv/bin/python -c 'import json, sys; print(len(json.load(sys.stdin)))' <<<"$UNITS")
+  POOL=(--set "grpo_units=$UNITS" --set "tasks_per_step=$COUNT")
+  SUFFIX=-screened
+fi
 arm() {  # name, then --set overrides
-  local name=$1; shift
-  done_run "$name-$TAG-s$SEED" || envace train "$CONFIG" --run-name "$name-$TAG-s$SEED" --set model="\"$SFT\"" \
-    --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "$@"
-  done_run "eval-$name-$TAG-s$SEED" || envace eval "$ROOT/$name-$TAG-s$SEED/checkpoint" --config "$CONFIG" \
-    --run-name "eval-$name-$TAG-s$SEED"
+  local run=$1$SUFFIX-$TAG-s$SEED; shift
+  done_run "$run" || envace train "$CONFIG" --run-name "$run" --set model="\"$SFT\"" \
+    --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "${POOL[@]}" "$@"
+  done_run "eval-$run" || envace eval "$ROOT/$run/checkpoint" --config "$CONFIG" --run-name "eval-$run"
 }
 for name in ${ARMS:-envace caller_only real_env dyna fidelity}; do
   case $name in

@@ -1,6 +1,8 @@
 """The tables of docs/results.md "Learning you can see", read from the store `bfcl_turns_cpu.sh` wrote.
 
     .venv/bin/python experiments/turns_report.py [--root runs] [--tag turns] [--seed 0] [--arms envace real_env ...]
+        [--screened]   # the arms trained on the screened turns (run names ARM-screened-TAG-sSEED)
+        [--screens RUN ...]   # pass-rate screens of the pool side by side (e.g. one per temperature)
 
 Per arm: the GRPO steps (groups with signal per role, mean checklist, the fitted slope of the checklist over
 steps with its 95% interval); then every evaluation on the same test turns, each paired with SFT by task
@@ -11,6 +13,7 @@ differ).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import numpy as np
@@ -87,11 +90,30 @@ def fidelity_table(wb: Workbench, run: str) -> pd.DataFrame:
     if long.empty:
         return pd.DataFrame()
     wide = long.pivot_table(index="step", columns="name", values="value")
-    pairs = wb.pairs(run)
+    grpo = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")[["step", "episode_id"]]
+    pairs = wb.pairs(run).merge(grpo, on=["step", "episode_id"])  # not the pairs of a train-time evaluation
     counts = pd.DataFrame({"pairs": pairs.groupby("step").size(),
                            "malformed": pairs["rehearsal_error"].notna().groupby(pairs["step"]).mean()})
     columns = [c for c in ("valid_json", "exact", "structure_f1", "value_acc", "error_agree") if c in wide]
     return counts.join(wide[columns]).reset_index()
+
+
+def screen_table(wb: Workbench, runs: list[str]) -> pd.DataFrame:
+    """Per screen: how many units have reward spread, and the share of GRPO groups of G = 8 expected to have a
+    signal, 1 - Σ_v p_v^8 per unit (p_v: the share of its episodes that scored v), averaged over the whole pool
+    and over the units with spread. A plug-in estimate from the screen's own samples: a unit seen 0/8 counts 0."""
+    rows = []
+    for run in runs:
+        temperature = json.loads((wb.root / run / "run.json").read_text())["config"]["temperature"]
+        episodes = wb.episodes(run, limit=1_000_000)
+        shares = episodes.groupby("task_uid")["checklist"].apply(
+            lambda v: 1 - float((v.value_counts(normalize=True) ** 8).sum()))
+        units = wb.unit_rewards(run)
+        rows.append({"screen": run, "temperature": temperature, "episodes": len(episodes),
+                     "scored": int((episodes["checklist"] > 0).sum()), "units": len(units),
+                     "units with spread": int(units["spread"].sum()), "E[signal] pool": shares.mean(),
+                     "E[signal] spread units": shares[shares > 0].mean() if (shares > 0).any() else 0.0})
+    return pd.DataFrame(rows)
 
 
 def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
@@ -114,10 +136,17 @@ def main() -> None:
     parser.add_argument("--tag", default="turns")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arms", nargs="*", default=["envace", "caller_only", "real_env", "dyna", "fidelity"])
+    parser.add_argument("--screened", action="store_true", help="the arms of the screened pool")
+    parser.add_argument("--screens", nargs="*", default=[], help="pass-rate screens to compare")
     args = parser.parse_args()
+    if args.screened:
+        args.arms = [f"{arm}-screened" for arm in args.arms]
     wb = Workbench(args.root)
     present = set(wb.runs()["run_id"])
     pd.set_option("display.width", 200)
+    if args.screens:
+        print("\n### Pass-rate screens of the pool\n")
+        print(md(screen_table(wb, args.screens)))
     for arm in args.arms:
         run = f"{arm}-{args.tag}-s{args.seed}"
         if run not in present:
@@ -150,8 +179,9 @@ def main() -> None:
             row.update({"Δ checklist vs SFT": diffs.mean(), "95% CI": f"{lo:+.3f} … {hi:+.3f}",
                         "sign test p": sign_test(diffs), "turns up/down": f"{(diffs > 0).sum()}/{(diffs < 0).sum()}"})
         rows.append({"arm": arm, "eval run": run, **row})
-    print("\n### Evaluations on the same test turns\n")
-    print(md(pd.DataFrame(rows)))
+    if rows:
+        print("\n### Evaluations on the same test turns\n")
+        print(md(pd.DataFrame(rows)))
 
 
 if __name__ == "__main__":

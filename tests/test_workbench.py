@@ -191,3 +191,34 @@ def test_the_launch_form_of_every_shipped_config_resolves_unchanged(kind, tmp_pa
             assert cls.from_dict(load_toml(written)[table]) == cfg
         except UsageError as exc:  # a GPU recipe's model is not on this machine: the only refusal allowed
             assert "in the local HF cache" in str(exc), (config, exc)
+
+
+def test_a_screen_names_the_units_whose_rewards_differ(tmp_path):
+    """`unit_rewards` per unit, and `experiments/screen_units.py` printing the units with spread as `grpo_units`."""
+    import subprocess
+    import sys
+
+    from envace.store import Run
+
+    run = Run.create(tmp_path, "rollout", {}, "tiny", "screen")
+    scores = {"bfcl/a@t0": [0.0, 0.5, 0.0], "bfcl/a@t1": [0.0, 0.0, 0.0], "bfcl/b@t2": [1.0, 1.0, 1.0],
+              "bfcl/c@t1": [0.25, 0.0, 0.25]}
+    run.write("episodes", "batch-00000", [
+        {"run_id": "screen", "step": 0, "phase": "rollout", "episode_id": f"{uid}/{k}", "task_uid": uid,
+         "success": False, "checklist": score} for uid, values in scores.items() for k, score in enumerate(values)])
+    run.update(status="completed")
+    units = Workbench(tmp_path).unit_rewards("screen").set_index("task_uid")
+    assert list(units["episodes"]) == [3, 3, 3, 3] and list(units["hits"]) == [1, 0, 3, 2]
+    assert list(units.index[units["spread"]]) == ["bfcl/a@t0", "bfcl/c@t1"]  # all-equal, even all-1, is no signal
+    assert units.loc["bfcl/c@t1", "mean"] == pytest.approx(0.5 / 3)
+    script = [sys.executable, "experiments/screen_units.py", "--root", str(tmp_path)]
+    done = subprocess.run([*script, "screen"], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == ["bfcl/a@t0", "bfcl/c@t1"]
+    assert "bfcl/a@t0: 1/3 scored" in done.stderr
+    missing = subprocess.run([*script, "nope"], capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: no run named 'nope' in {tmp_path}"
+    flat = Run.create(tmp_path, "rollout", {}, "tiny", "flat")
+    flat.write("episodes", "batch-00000", [{"run_id": "flat", "step": 0, "episode_id": str(k), "task_uid": "bfcl/a@t1",
+                                            "success": False, "checklist": 0.0} for k in range(4)])
+    none = subprocess.run([*script, "flat"], capture_output=True, text=True)
+    assert none.returncode == 2 and none.stderr.strip().splitlines()[-1].startswith("error: screen 'flat': none of")

@@ -156,6 +156,18 @@ class Workbench:
         return list(self._df(f"SELECT kind FROM ({self._errors_sql(calls, generations)}) WHERE run_id = ? "
                              "GROUP BY kind ORDER BY count(*) DESC, kind", [check_run_id(run_id)])["kind"])
 
+    def unit_rewards(self, run_id: str, phase: str | None = None) -> pd.DataFrame:
+        """Per unit (`task_uid`: a task, or a task at a turn): its episodes, how many scored above 0, the mean,
+        min and max checklist, and `spread` (not all equal): a GRPO group on that unit gets a signal only when
+        its rewards differ, so a sampled rollout of the pool (a pass-rate screen) names the units worth
+        training on (`TrainConfig.grpo_units`). `phase` keeps one phase of a training run."""
+        where, params = _filters(("run_id = ?", check_run_id(run_id)), ("phase = ?", phase))
+        return self._df(
+            "SELECT task_uid, count(*) AS episodes, count(*) FILTER (checklist > 0) AS hits, "
+            "avg(checklist) AS mean, min(checklist) AS min, max(checklist) AS max, "
+            "min(checklist) < max(checklist) AS spread "
+            f"FROM {self._source('episodes', run_id)} {where} GROUP BY task_uid ORDER BY task_uid", params)
+
     def steps(self, run_id: str, episode_id: str) -> pd.DataFrame:
         """An episode's generations in order (caller messages, rehearsals, user messages), turn by turn, each
         with what was stored for it: the reward its role got, and in training runs the advantage the
