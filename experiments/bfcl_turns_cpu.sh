@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The "learning you can see" recipe (experiments/bfcl_turns_cpu.toml): one SFT checkpoint, a pass-rate screen
-# of GRPO's pool with it, then five GRPO arms with the same number of steps from it on the screened turns, every
-# arm evaluated on the same 24 BFCL test turns, plus base and SFT.
+# of GRPO's pool with it, then five GRPO arms and a control with the same number of steps from it on the
+# screened turns, every arm evaluated on the same 24 BFCL test turns and screened again, plus base and SFT.
 # A re-run keeps every run that already completed. TAG names the set (default: turns); STEPS overrides the
 # GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS
-# picks arms (default: all five, in this order); SCREEN=0 skips the screen (every step then draws its turns
-# from the whole pool, and most groups are flat: docs/results.md); the base model's evaluation comes last.
+# picks arms (default: all five and the control, in this order); SCREEN=0 skips the screen (every step then
+# draws its turns from the whole pool, and most groups are flat: docs/results.md); the base model's
+# evaluation comes last.
 set -euo pipefail
 CONFIG=experiments/bfcl_turns_cpu.toml
 ROOT=${ENVACE_RUNS:-runs}
@@ -35,15 +36,22 @@ arm() {  # name, then --set overrides
   done_run "$run" || envace train "$CONFIG" --run-name "$run" --set model="\"$SFT\"" \
     --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "${POOL[@]}" "$@"
   done_run "eval-$run" || envace eval "$ROOT/$run/checkpoint" --config "$CONFIG" --run-name "eval-$run"
+  # the screen again with the trained policy (same seed, so the same random draws): did the trained turns'
+  # pass rate move, and the other turns'? (experiments/turns_report.py compares it with the SFT's screen)
+  [ -z "$SUFFIX" ] || done_run "screen-$run" || envace rollout --config experiments/bfcl_turns_screen.toml \
+    --model "$ROOT/$run/checkpoint" --run-name "screen-$run"
 }
-for name in ${ARMS:-envace caller_only real_env dyna fidelity}; do
+for name in ${ARMS:-envace caller_only real_env dyna fidelity control}; do
   case $name in
     envace) arm envace ;;
     caller_only) arm caller_only --set variant=caller_only ;;
     real_env) arm real_env --set variant=real_env ;;
     dyna) arm dyna --set rollout.real_fraction=0.5 ;;
     fidelity) arm fidelity --set rehearser_reward='"task+fidelity"' --set rollout.shadow_fraction=1.0 ;;
-    *) echo "unknown arm '$name' (envace caller_only real_env dyna fidelity)" >&2; exit 2 ;;
+    # the control: the same steps and random draws with a learning rate too small to move a weight, so its
+    # training reward per step is what the draws alone give (caller-only: cheaper, and the same samples)
+    control) arm control --set variant=caller_only --set lr=1e-12 ;;
+    *) echo "unknown arm '$name' (envace caller_only real_env dyna fidelity control)" >&2; exit 2 ;;
   esac
 done
 done_run "eval-base-$TAG" || envace eval default --config "$CONFIG" --run-name "eval-base-$TAG"

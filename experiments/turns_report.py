@@ -48,6 +48,24 @@ def sign_test(diffs: np.ndarray) -> float:
     return min(1.0, 2 * tail)
 
 
+def fisher(a: int, n: int, b: int, m: int) -> float:
+    """Exact two-sided Fisher test of a/n against b/m successes: the probability, given the margins, of a
+    table at most as likely as the one seen."""
+    k, total = a + b, n + m
+    prob = [math.comb(n, x) * math.comb(m, k - x) / math.comb(total, k) for x in range(max(0, k - m), min(k, n) + 1)]
+    seen = math.comb(n, a) * math.comb(m, b) / math.comb(total, k)
+    return min(1.0, sum(q for q in prob if q <= seen * (1 + 1e-9)))
+
+
+def permutation(before: np.ndarray, after: np.ndarray, draws: int = 10_000, seed: int = 0) -> float:
+    """Two-sided permutation p-value of the difference of means of two independent samples."""
+    rng = np.random.default_rng(seed)
+    both, seen = np.concatenate([before, after]), abs(after.mean() - before.mean())
+    shuffled = np.stack([rng.permutation(both) for _ in range(draws)])
+    diffs = np.abs(shuffled[:, len(before):].mean(axis=1) - shuffled[:, :len(before)].mean(axis=1))
+    return float((np.sum(diffs >= seen - 1e-12) + 1) / (draws + 1))
+
+
 def bootstrap(diffs: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     means = diffs[rng.integers(0, len(diffs), (draws, len(diffs)))].mean(axis=1)
@@ -116,6 +134,22 @@ def screen_table(wb: Workbench, runs: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def rescreen_table(wb: Workbench, before: str, after: str, trained: list[str]) -> pd.DataFrame:
+    """The same screen of the pool before (SFT) and after training, the turns GRPO trained on apart from the
+    others: episodes, scored episodes and mean checklist of each, a Fisher test on the scored counts and a
+    permutation test on the checklist means (the samples of the two screens are independent)."""
+    rows = []
+    for label, keep in (("trained turns", True), ("other turns", False)):
+        pick = [e[e["task_uid"].isin(trained) == keep]["checklist"].to_numpy(float)
+                for e in (wb.episodes(run, limit=1_000_000) for run in (before, after))]
+        hits = [int((v > 0).sum()) for v in pick]
+        rows.append({"turns": label, "episodes": len(pick[0]), "scored before": hits[0], "scored after": hits[1],
+                     "checklist before": pick[0].mean(), "checklist after": pick[1].mean(),
+                     "Fisher p (scored)": fisher(hits[1], len(pick[1]), hits[0], len(pick[0])),
+                     "permutation p (checklist)": permutation(pick[0], pick[1])})
+    return pd.DataFrame(rows)
+
+
 def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
     episodes = wb.episodes(run, limit=100_000).set_index("task_uid")
     meta = wb.runs().set_index("run_id").loc[run]
@@ -135,7 +169,8 @@ def main() -> None:
     parser.add_argument("--root", default="runs")
     parser.add_argument("--tag", default="turns")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arms", nargs="*", default=["envace", "caller_only", "real_env", "dyna", "fidelity"])
+    parser.add_argument("--arms", nargs="*",
+                        default=["envace", "caller_only", "real_env", "dyna", "fidelity", "control"])
     parser.add_argument("--screened", action="store_true", help="the arms of the screened pool")
     parser.add_argument("--screens", nargs="*", default=[], help="pass-rate screens to compare")
     args = parser.parse_args()
@@ -164,6 +199,15 @@ def main() -> None:
             print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
             print(md(fidelity))
             print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
+        units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units")
+        if units:
+            episodes = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")
+            scored = (episodes["checklist"] > 0).groupby([episodes["step"], episodes["task_uid"]]).sum().unstack()
+            print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")
+            print(md(scored.reset_index()))
+        if units and {f"screen-{run}", f"screen-sft-{args.tag}"} <= present:
+            print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
+            print(md(rescreen_table(wb, f"screen-sft-{args.tag}", f"screen-{run}", units)))
     rows, sft = [], None
     for arm in ["base", "sft", *args.arms]:
         run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")
