@@ -177,8 +177,10 @@ def main() -> None:
     if args.screened:
         args.arms = [f"{arm}-screened" for arm in args.arms]
     wb = Workbench(args.root)
-    present = set(wb.runs()["run_id"])
+    runs = wb.runs()
+    present, completed = set(runs["run_id"]), set(runs.loc[runs["status"] == "completed", "run_id"])
     pd.set_option("display.width", 200)
+    summary, rescreens = [], []
     if args.screens:
         print("\n### Pass-rate screens of the pool\n")
         print(md(screen_table(wb, args.screens)))
@@ -190,6 +192,16 @@ def main() -> None:
         if table.empty:
             continue
         b, lo, hi = slope(table["step"].to_numpy(float), table["checklist"].to_numpy(float))
+        episodes = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")
+        scored = (episodes["checklist"] > 0).groupby(episodes["step"]).sum()
+        sizes = episodes.groupby("step").size()
+        summary.append({"arm": arm, "checklist per step": " / ".join(f"{v:.3f}" for v in table["checklist"]),
+                        "scored per step": " / ".join(f"{int(v)}/{n}" for v, n in zip(scored, sizes, strict=True)),
+                        "slope (95% CI)": f"{b:+.3f} ({lo:+.3f} … {hi:+.3f})",
+                        "Fisher p, scored first vs last step": fisher(int(scored.iloc[-1]), int(sizes.iloc[-1]),
+                                                                      int(scored.iloc[0]), int(sizes.iloc[0])),
+                        "step_s mean": table["step_s"].mean() if "step_s" in table else float("nan"),
+                        "last": (int(scored.iloc[-1]), int(sizes.iloc[-1]))})
         print(f"\n### {run}: GRPO steps\n")
         print(md(table))
         print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
@@ -205,9 +217,26 @@ def main() -> None:
             scored = (episodes["checklist"] > 0).groupby([episodes["step"], episodes["task_uid"]]).sum().unstack()
             print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")
             print(md(scored.reset_index()))
-        if units and {f"screen-{run}", f"screen-sft-{args.tag}"} <= present:
+        if units and {f"screen-{run}", f"screen-sft-{args.tag}"} <= completed:
             print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
-            print(md(rescreen_table(wb, f"screen-sft-{args.tag}", f"screen-{run}", units)))
+            table = rescreen_table(wb, f"screen-sft-{args.tag}", f"screen-{run}", units)
+            print(md(table))
+            rescreens.append({"arm": arm, **{f"{turns}: {name}": value for turns, row in
+                                             zip(("trained", "other"), table.drop(columns="turns").to_dict("records"),
+                                                 strict=True) for name, value in row.items()
+                                             if name not in ("episodes", "checklist before", "checklist after")
+                                             or turns == "trained"}})
+    if summary:
+        frame = pd.DataFrame(summary)
+        control = frame[frame["arm"].str.startswith("control")]
+        if len(control):  # the same draws without learning: what the last step scores by chance
+            c, n = control.iloc[0]["last"]
+            frame["Fisher p vs control, last step"] = [fisher(a, m, c, n) for a, m in frame["last"]]
+        print("\n### Training reward per step, all arms\n")
+        print(md(frame.drop(columns="last")))
+    if rescreens:
+        print("\n### The pool's screen before (SFT) and after training, all arms\n")
+        print(md(pd.DataFrame(rescreens)))
     rows, sft = [], None
     for arm in ["base", "sft", *args.arms]:
         run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")
