@@ -164,6 +164,48 @@ def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
     return row, episodes["checklist"]
 
 
+def arm_report(wb: Workbench, arm: str, run: str, sft_screen: str, completed: set[str], summary: list[dict],
+               rescreens: list[dict]) -> None:
+    """Print one arm's tables (steps, fidelity, per-turn hits, screens before/after) and append its rows to
+    the cross-arm `summary` and `rescreens`."""
+    table = training_table(wb, run)
+    if table.empty:
+        return
+    b, lo, hi = slope(table["step"].to_numpy(float), table["checklist"].to_numpy(float))
+    episodes = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")
+    hit = episodes["checklist"] > 0
+    scored, sizes = hit.groupby(episodes["step"]).sum(), episodes.groupby("step").size()
+    summary.append({"arm": arm, "checklist per step": " / ".join(f"{v:.3f}" for v in table["checklist"]),
+                    "scored per step": " / ".join(f"{int(v)}/{n}" for v, n in zip(scored, sizes, strict=True)),
+                    "slope (95% CI)": f"{b:+.3f} ({lo:+.3f} … {hi:+.3f})",
+                    "Fisher p, scored first vs last step": fisher(int(scored.iloc[-1]), int(sizes.iloc[-1]),
+                                                                  int(scored.iloc[0]), int(sizes.iloc[0])),
+                    "step_s mean": table["step_s"].mean() if "step_s" in table else float("nan"),
+                    "last": (int(scored.iloc[-1]), int(sizes.iloc[-1]))})
+    print(f"\n### {run}: GRPO steps\n")
+    print(md(table))
+    print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
+    fidelity = fidelity_table(wb, run)
+    if not fidelity.empty:
+        b, lo, hi = slope(fidelity["step"].to_numpy(float), fidelity["structure_f1"].to_numpy(float))
+        print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
+        print(md(fidelity))
+        print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
+    units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units")
+    if not units:
+        return
+    print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")
+    print(md(hit.groupby([episodes["step"], episodes["task_uid"]]).sum().unstack().reset_index()))
+    if {f"screen-{run}", sft_screen} <= completed:
+        print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
+        table = rescreen_table(wb, sft_screen, f"screen-{run}", units)
+        print(md(table))
+        trained, other = table.drop(columns="turns").to_dict("records")
+        rescreens.append({"arm": arm, **{f"trained: {k}": v for k, v in trained.items()},
+                          **{f"other: {k}": v for k, v in other.items()
+                             if k not in ("episodes", "checklist before", "checklist after")}})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="runs")
@@ -186,46 +228,8 @@ def main() -> None:
         print(md(screen_table(wb, args.screens)))
     for arm in args.arms:
         run = f"{arm}-{args.tag}-s{args.seed}"
-        if run not in present:
-            continue
-        table = training_table(wb, run)
-        if table.empty:
-            continue
-        b, lo, hi = slope(table["step"].to_numpy(float), table["checklist"].to_numpy(float))
-        episodes = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")
-        scored = (episodes["checklist"] > 0).groupby(episodes["step"]).sum()
-        sizes = episodes.groupby("step").size()
-        summary.append({"arm": arm, "checklist per step": " / ".join(f"{v:.3f}" for v in table["checklist"]),
-                        "scored per step": " / ".join(f"{int(v)}/{n}" for v, n in zip(scored, sizes, strict=True)),
-                        "slope (95% CI)": f"{b:+.3f} ({lo:+.3f} … {hi:+.3f})",
-                        "Fisher p, scored first vs last step": fisher(int(scored.iloc[-1]), int(sizes.iloc[-1]),
-                                                                      int(scored.iloc[0]), int(sizes.iloc[0])),
-                        "step_s mean": table["step_s"].mean() if "step_s" in table else float("nan"),
-                        "last": (int(scored.iloc[-1]), int(sizes.iloc[-1]))})
-        print(f"\n### {run}: GRPO steps\n")
-        print(md(table))
-        print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
-        fidelity = fidelity_table(wb, run)
-        if not fidelity.empty:
-            b, lo, hi = slope(fidelity["step"].to_numpy(float), fidelity["structure_f1"].to_numpy(float))
-            print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
-            print(md(fidelity))
-            print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
-        units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units")
-        if units:
-            episodes = wb.episodes(run, limit=1_000_000).query("phase == 'grpo'")
-            scored = (episodes["checklist"] > 0).groupby([episodes["step"], episodes["task_uid"]]).sum().unstack()
-            print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")
-            print(md(scored.reset_index()))
-        if units and {f"screen-{run}", f"screen-sft-{args.tag}"} <= completed:
-            print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
-            table = rescreen_table(wb, f"screen-sft-{args.tag}", f"screen-{run}", units)
-            print(md(table))
-            rescreens.append({"arm": arm, **{f"{turns}: {name}": value for turns, row in
-                                             zip(("trained", "other"), table.drop(columns="turns").to_dict("records"),
-                                                 strict=True) for name, value in row.items()
-                                             if name not in ("episodes", "checklist before", "checklist after")
-                                             or turns == "trained"}})
+        if run in present:
+            arm_report(wb, arm, run, f"screen-sft-{args.tag}", completed, summary, rescreens)
     if summary:
         frame = pd.DataFrame(summary)
         control = frame[frame["arm"].str.startswith("control")]
