@@ -578,7 +578,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "train" and args.backend == "vllm":
         bench.bench_train_vllm(model=args.model, tasks=args.limit, console=_console())
     elif args.what == "train":
-        bench.bench_train(model=args.model, tasks=args.limit, console=_console())
+        train = load_toml(args.config).get("train", {}) if args.config else {}
+        for name in ("group_size", "steps", "sft_tasks"):
+            if getattr(args, name) < (0 if name == "sft_tasks" else 1):
+                raise UsageError(f"--{name.replace('_', '-')}: must be at least {0 if name == 'sft_tasks' else 1}")
+        bench.bench_train(model=args.model, limit=args.limit, group_size=args.group_size, unit=args.unit,
+                          steps=args.steps, from_run=args.from_run, root=str(runs_root(args.root)), train=train,
+                          sft_tasks=args.sft_tasks, trl=args.trl, max_pack_tokens=args.max_pack_tokens,
+                          console=_console())
     elif args.what == "private":
         budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip().isdigit())
         if not budgets or min(budgets) < 1:
@@ -643,15 +650,28 @@ def _play_commands(sub) -> None:
 
 
 def _bench_command(sub) -> None:
-    p = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)")
+    p = _with_root(sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)"))
     p.add_argument("what", choices=["rollout", "rehearsal", "train", "private", "store"])
     p.add_argument("--budgets", default="1,2", help="private: imagined attempts N to measure (default: 1,2)")
     p.add_argument("--model", default="default", help="model spec (default: default)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                    help="rollout/train: vllm also measures a vLLM server, side by side (default: hf)")
     p.add_argument("--limit", type=int, default=2,
-                   help="rollout/rehearsal: BFCL test episodes (= batch size); train: BFCL train tasks "
-                        "whose reference rows form the batch (default: 2)")
+                   help="rollout/rehearsal: BFCL test episodes (= batch size); train: train units a GRPO step "
+                        "plays (default: 2)")
+    p.add_argument("--group-size", type=int, default=8, help="train: G rollouts per unit (default: 8)")
+    p.add_argument("--unit", default="turn", choices=["turn", "episode"], help="train: what one rollout covers "
+                   "(default: turn)")
+    p.add_argument("--steps", type=int, default=1, help="train: GRPO steps played and timed (default: 1)")
+    p.add_argument("--from-run", default=None, help="train: time a stored training run's GRPO steps instead of "
+                   "playing new ones")
+    p.add_argument("--config", default=None, help="train: a config whose [train] table sets the rollouts (e.g. "
+                   "experiments/bfcl_turns_cpu.toml)")
+    p.add_argument("--sft-tasks", type=int, default=0, help="train: also time one SFT epoch of these train tasks' "
+                   "reference rows, chain vs tree (default: 0, none)")
+    p.add_argument("--trl", action="store_true", help="train: also time TRL's GRPOTrainer update on the same rows")
+    p.add_argument("--max-pack-tokens", type=int, default=None, help="train: the tree's token budget (default: "
+                   "the longest chain sequence)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="default: 64")
     p.add_argument("--runs", type=int, default=50, help="store: runs in the synthetic store (default: 50)")
     p.add_argument("--rows", type=int, default=1_000_000,

@@ -323,6 +323,17 @@ class TrainConfig(Config):
     lora_rank: int = doc("LoRA rank", 16)
     gradient_checkpointing: bool = doc("recompute activations in the backward pass: less memory, ~30% more time",
                                        False)
+    packing: Literal["tree", "chain", "row"] = doc(
+        "how SFT and GRPO updates forward their rows: tree (the rows' prefix trees, every shared token computed "
+        "once: G rollouts share their prompt, a task's rehearsals their instructions) | chain (an episode's caller "
+        "rows joined) | row (each row alone); all three give the same gradients", "tree")
+    max_pack_tokens: int | None = doc("tree packing: the most tokens forwarded and kept for backward at once (a "
+                                      "pack and the deferred segments above it); more = fewer, larger forward "
+                                      "passes (unset = the longest sequence chain packing forwards: never more "
+                                      "memory than chain)", None)
+    flat_row_metrics: bool = doc("forward the rows whose advantage is exactly 0 (never back-propagated: they add "
+                                 "nothing to the gradient) without gradient, so entropy and the log-prob gap "
+                                 "cover them too", False)
     sft_tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
     sft_epochs: int = doc("passes over the SFT rows", 2)
     sft_lr: float = doc("SFT learning rate (AdamW)", 3e-5)
@@ -381,7 +392,7 @@ class TrainConfig(Config):
         from envace.policy.specs import check_model_spec
 
         at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit",
-                 "grpo_tasks")
+                 "grpo_tasks", "max_pack_tokens")
         at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
         if self.grpo_units is not None and (not self.grpo_units or
                                             not all(isinstance(u, str) and u for u in self.grpo_units)):

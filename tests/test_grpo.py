@@ -1,7 +1,10 @@
 import pytest
 import torch
 
-from envace.training.grpo import Row, backward, grpo_step, pack, policy_loss, role_advantages
+from envace.training.grpo import Row, backward, grpo_step, role_advantages
+from envace.training.packing import build
+from envace.training.packing.chain import chains
+from envace.training.packing.tree import tree_tokens
 
 
 def test_role_advantages_on_a_hand_built_batch():
@@ -24,20 +27,24 @@ def _own_logprobs(model, row: Row) -> list[torch.Tensor]:
     return [logp[t, ids[0, t + 1]] for t in range(len(row.prompt_ids) - 1, ids.shape[1] - 1)]
 
 
-def test_the_loss_mask_covers_exactly_each_rows_completion(tiny):
-    from envace.training.grpo import completion_logprobs
+def test_each_pack_scores_exactly_each_rows_completion(tiny):
+    from envace.training import forward as fwd
 
     model, tok = tiny
     first = Row("A", "caller", [1, 5, 7, 9, 4], [9, 11], 1.0)
     second = Row("A", "caller", first.prompt_ids + first.completion_ids + [3, 3], [12, 13, 14], 1.0)
     other = Row("A", "rehearser", [1, 4], [8, 3, 2, 6], 0.0)
-    logprobs, _, owner, _ = completion_logprobs(model, [[first, second], [other]], tok.pad_token_id)
-    # Positions from the earliest completion on; the tool-result tokens [3, 3] between are nobody's.
-    assert owner.tolist() == [[0, 0, -1, -1, 1, 1, 1], [-1, -1, -1, 2, 2, 2, 2]]
-    for index, row in enumerate([first, second, other]):  # each row's positions hold its own tokens' log-probs
-        p = 0 if index < 2 else 1
-        got = logprobs[p][owner[p] == index].tolist()
-        assert got == pytest.approx([x.item() for x in _own_logprobs(model, row)], abs=1e-4)
+    rows = [first, second, other]
+    chain, alone = sorted(build(rows, "chain"), key=lambda pk: -len(pk.entry_row))
+    # One sequence for the episode's two caller rows; the tool-result tokens [3, 3] between are nobody's.
+    assert chain.ids == second.prompt_ids + second.completion_ids and chain.entry_row == [0, 0, 1, 1, 1]
+    assert [chain.ids[chain.src[n] + 1] for n in chain.entry_node] == first.completion_ids + second.completion_ids
+    with torch.no_grad():
+        for pk in (chain, alone):
+            out = fwd.forward(model, pk, {})
+            for index in set(pk.entry_row):  # each row's entries hold its own tokens' log-probs
+                got = [out.logp[n].item() for r, n in zip(pk.entry_row, pk.entry_node, strict=True) if r == index]
+                assert got == pytest.approx([x.item() for x in _own_logprobs(model, rows[index])], abs=1e-4)
 
 
 def test_packing_joins_an_episodes_caller_rows_and_keeps_the_loss(tiny):
@@ -47,16 +54,19 @@ def test_packing_joins_an_episodes_caller_rows_and_keeps_the_loss(tiny):
     r1 = Row("A", "rehearser", [1, 4, 6], [8, 3], 1.0)
     b1 = Row("B", "caller", [1, 5, 7], [10], 0.0)  # same prompt, different completion: its own pack
     rows = [a2, r1, b1, a1]
-    assert sorted(sorted(g) for g in pack(rows)) == [[0, 3], [1], [2]]
+    assert sorted(sorted(g) for g in chains(rows)) == [[0, 3], [1], [2]]
     advantages = [0.5, -1.0, 2.0, 0.25]
-    loss, stats = policy_loss(model, [[rows[i] for i in g] for g in pack(rows)],
-                              [advantages[i] for g in pack(rows) for i in g], tok.pad_token_id)
     expected = sum(-adv * torch.stack(_own_logprobs(model, row)).mean().item()
                    for row, adv in zip(rows, advantages, strict=True)) / len(rows)
-    assert loss.item() == pytest.approx(expected, rel=1e-4)
-    assert stats["tokens"] == 7
-    model.zero_grad()
-    assert backward(model, rows, advantages, tok.pad_token_id)["packs"] == 3
+    forwarded = {}
+    for packing in ("chain", "tree", "row"):
+        model.zero_grad()
+        stats = backward(model, rows, advantages, tok.pad_token_id, packing=packing)
+        assert stats["loss"] == pytest.approx(expected, rel=1e-4)
+        assert stats["tokens"] == 7, packing
+        forwarded[packing] = stats["forward_tokens"]
+    assert forwarded == {"row": 9 + 5 + 5 + 4, "chain": 9 + 5 + 4, "tree": 9 + 1 + 4} == {**forwarded,
+                                                                              "tree": tree_tokens(rows)}
 
 
 def test_a_trivial_reward_rises_on_the_tiny_model():
@@ -97,9 +107,12 @@ def test_non_finite_loss_skips_the_step(tiny):
             super().__init__()
             self.inner = model
 
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
         def forward(self, **kw):
             out = self.inner(**kw)
-            out.logits = out.logits * float("nan")
+            out.hidden_states = tuple(h * float("nan") for h in out.hidden_states)
             return out
 
     broken = Broken()

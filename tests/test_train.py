@@ -82,7 +82,7 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
 
     def step_three(run):
         metrics = con.execute("SELECT role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' "
-                              "AND step = 2 AND name NOT IN ('rollout_s', 'step_s', 'sync_s')"  # wall times differ
+                              "AND step = 2 AND name NOT IN ('rollout_s', 'update_s', 'step_s', 'sync_s')"  # wall times
                               " ORDER BY role, name", [run]).fetchall()
         turns = con.execute("SELECT episode_id, role, turn, turn_step, completion_ids FROM generations "
                             "WHERE run_id = ? AND step = 2 ORDER BY episode_id, role, turn, turn_step, call_index",
@@ -357,10 +357,12 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     assert con.execute("SELECT count(*) FROM calls").fetchall()[0][0] > 0
     assert con.execute("SELECT count(*) FROM pairs").fetchall()[0][0] > 0  # shadowed by the real environment
     for step, rows in enumerate(used):
-        stored = con.execute("SELECT role, completion_ids, advantage FROM generations WHERE step = ? AND trained",
-                             [step]).fetchall()
-        key = sorted((role, tuple(ids), round(adv, 9)) for role, ids, adv in stored)
+        stored = con.execute("SELECT role, completion_ids, advantage, trained FROM generations WHERE step = ? "
+                             "AND advantage IS NOT NULL", [step]).fetchall()
+        key = sorted((role, tuple(ids), round(adv, 9)) for role, ids, adv, _ in stored)
         assert key == sorted((r.role, tuple(r.completion_ids), round(a, 9)) for r, a in rows)
+        # trained: the update back-propagated the row (advantage 0 adds nothing and is skipped)
+        assert all(trained == (adv != 0.0) for _, _, adv, trained in stored if any(a for _, a in rows))
     assert any(a != 0 for rows in used for _, a in rows)  # a real signal was stored, not only zeros
     wb = Workbench(root)
     episode = wb.episodes("t")["episode_id"][0]

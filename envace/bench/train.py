@@ -1,17 +1,22 @@
-"""`envace bench train`: one role-wise GRPO update against TRL's `GRPOTrainer` update on the same rows.
+"""`envace bench train`: one real GRPO step's update timed under `row`, `chain` and `tree` packing, side by side.
 
-The rows are every caller message and rehearsal of BFCL train reference trajectories (the prompts
-the policy sees in RL, token for token), with the role-wise advantages of `role_advantages`. Both
-sides start from the same weights (LoRA on the same model, as the CPU recipe trains) and take one
-optimiser step over all rows:
+The rows are those of real GRPO steps: played with the trainer's own code (`train_job`, HF rollouts, the
+recipe's settings from `--config`) or read from a stored training run (`--from-run`), with the
+advantages the update used. Every strategy starts from the same weights (LoRA rank 16 on the same
+model, as the CPU recipe trains) and takes one AdamW step over the same rows:
 
-- envace: `grpo_step` (rows packed so an episode's caller messages share one forward pass);
-- TRL: `GRPOTrainer.compute_loss` (its own loss: on-policy ratio, clipping, token mean per sequence)
-  on the same rows, one row per micro-batch as its `per_device_train_batch_size = 1` would, then
-  backward and AdamW. Generation and reward are outside both timings: the same rows feed both.
+- `row`: each row its own forward pass (what a per-row trainer does; the reference for gradients);
+- `chain`: an episode's caller rows joined into one sequence;
+- `tree`: the step's prefix trees, every shared token computed once (`envace.training.packing.tree`);
+- the same tree with rows of advantage 0 not back-propagated (the trainer's default);
+- with `--trl`, TRL's `GRPOTrainer.compute_loss` (its own loss) on the same rows, one row per micro-batch
+  as its `per_device_train_batch_size = 1` would, then backward and AdamW.
 
-Tokens/s counts every row's prompt + completion tokens (the work a per-row trainer does) over wall
-time; peak memory is the resident-set high-water mark above the level before the phase, sampled.
+Row-tokens/s counts every row's prompt + completion tokens (the work a per-row trainer does) over wall
+time; peak memory is the resident-set high-water mark above the level before the phase, sampled, after
+freed heap was handed back. Max |Δgrad| is the largest difference of any trainable gradient from
+`row`'s, relative to the norm of `row`'s gradient. `--sft-tasks K` adds one SFT epoch of K train tasks'
+reference rows, the same optimiser steps under `chain` and `tree`.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from typing import Any
 
 import torch
 
-from envace.config import RehearserOptions
 from envace.envs import registry
+from envace.errors import UsageError
 from envace.policy.models import add_lora, load_policy
 from envace.rehearsal.examples import ExampleBank
-from envace.training.grpo import Row, grpo_step, pack, role_advantages
+from envace.training.grpo import Row, grpo_step
+from envace.training.packing.tree import tree_tokens
 from envace.training.rows import reference_rows
 
 
@@ -91,44 +97,221 @@ def _trl_update(trainer, rows: list[Row], advantages: list[float]) -> None:
     optimizer.step()
 
 
-def _timed(step: Callable[[], Any]) -> tuple[float, float]:
+def _timed(step: Callable[[], Any]) -> tuple[float, float, Any]:
+    """(wall seconds, peak resident MiB above the start, what `step` returned)."""
     with _PeakRSS() as mem:
         start = time.perf_counter()
-        step()
+        value = step()
         seconds = time.perf_counter() - start
-    return seconds, mem.mib
+    return seconds, mem.mib, value
 
 
-def bench_train(model: str = "default", tasks: int = 1, console=None) -> dict[str, float]:
+def _free() -> None:
+    """Give freed heap back to the OS, so the next phase's resident-set peak starts from what is in use."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc: peaks are then only upper bounds
+        pass
+
+
+def stored_step_rows(root, run_id: str, steps: int) -> list[tuple[list[Row], list[float]]]:
+    """The rows and advantages of a stored training run's first `steps` GRPO updates, exactly as they were used
+    (a caller's prompt is its episode's context up to the message; the sampler's log-probs ride along)."""
+    from envace.store import connect
+
+    con = connect(root)
+    context = dict(con.execute("SELECT episode_id, context_ids FROM episodes WHERE run_id = ? AND phase = 'grpo'",
+                               [run_id]).fetchall())
+    found = con.execute(
+        "SELECT g.step, g.episode_id, g.role, g.prompt_len, g.prompt_ids, g.completion_ids, g.logprobs, e.task_uid, "
+        "g.reward, g.advantage FROM generations g JOIN episodes e USING (run_id, episode_id) WHERE g.run_id = ? "
+        "AND e.phase = 'grpo' AND g.advantage IS NOT NULL ORDER BY g.step, g.episode_id, g.turn, g.turn_step, "
+        "g.role, g.call_index", [run_id]).fetchall()
+    by_step: dict[int, tuple[list[Row], list[float]]] = {}
+    for step, episode, role, plen, pids, cids, logprobs, task, reward, adv in found:
+        prompt = list(context[episode][:plen]) if role == "caller" else list(pids)
+        rows, advantages = by_step.setdefault(step, ([], []))
+        rows.append(Row(task, role, prompt, list(cids), reward, list(logprobs) if logprobs is not None else None))
+        advantages.append(adv)
+    if not by_step:
+        raise UsageError(f"--from-run: run '{run_id}' has no stored GRPO rows with advantages under {root}")
+    return [by_step[k] for k in sorted(by_step)[:steps]]
+
+
+def played_step_rows(cfg, steps: int, root, say) -> tuple[str, list[tuple[list[Row], list[float]]]]:
+    """Play `steps` real GRPO steps (rollouts and update: the trainer's own code) into a training run under `root`
+    and read their rows back; the run stays, so `--from-run` can time the same rows again."""
+    from envace.jobs import Reporter, train_job
+
+    quiet = type("Quiet", (Reporter,), {"say": lambda self, text: say("  " + text) if "GRPO step" in text else None})()
+    name = f"bench-train-{time.strftime('%Y%m%d-%H%M%S')}"
+    train_job(cfg, root, name, reporter=quiet)
+    return name, stored_step_rows(root, name, steps)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _update(base, rows: list[Row], advantages: list[float], pad: int, packing: str, lr: float,
+            max_pack_tokens: int | None, skip_flat: bool) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """One `grpo_step` on a fresh LoRA copy of `base` (seeded: every strategy starts from the same adapters)."""
+    torch.manual_seed(0)
+    model = add_lora(copy.deepcopy(base), 16)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    _free()
+    stats: dict[str, Any] = {}
+    with _PeakRSS() as mem:
+        started = time.perf_counter()
+        stats = grpo_step(model, optimizer, rows, advantages, pad, packing=packing, max_pack_tokens=max_pack_tokens,
+                          skip_flat=skip_flat)
+        stats["wall_s"] = time.perf_counter() - started
+    stats["peak_mib"] = mem.mib
+    return stats, _grads(model)
+
+
+def _relative_gap(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """max |g − g_row| over every parameter, relative to ‖g_row‖ (fp32); a gradient never computed is zero."""
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in reference.values())).item()
+    gap = max((grads.get(n, torch.zeros_like(g)) - g).abs().max().item() for n, g in reference.items())
+    return gap / norm if norm > 0 else gap
+
+
+def bench_train(model: str = "default", limit: int = 3, group_size: int = 8, unit: str = "turn", steps: int = 1,
+                from_run: str | None = None, root: str = "runs", train: dict | None = None, sft_tasks: int = 0,
+                trl: bool = False, max_pack_tokens: int | None = None, console=None) -> dict[str, Any]:
+    """One real GRPO step's rows (played with the trainer's own code, or read `from_run`), the update timed as
+    `row`, `chain` and `tree` on them side by side (and TRL's per-row update with `trl`); then one SFT epoch of
+    `sft_tasks` train tasks' reference rows under `chain` and `tree`. `train` is a config's `[train]` table
+    (the recipe's settings); the bench sets the model, the pool size, G, the unit and HF rollouts."""
+    from envace.config import TrainConfig
+
     say = console.print if console else print
-    benchmark = registry.get("bfcl")
-    train_tasks = benchmark.load_tasks("multi_turn_base", "train")
+    train = dict(train or {})
+    cfg = TrainConfig.from_dict({**train, "model": model, "sft_tasks": 0, "grpo_steps": steps, "tasks_per_step": limit,
+                                 "eval_every": 0, "lora": True, "rollout": {**train.get("rollout", {}),
+                                 "group_size": group_size, "unit": unit, "backend": "hf"}}, where="bench train")
     base, tok = load_policy(model)
-    rows = reference_rows(train_tasks[:tasks], benchmark, tok, RehearserOptions(fewshot="other_tasks", max_examples=4),
-                          True, ExampleBank(train_tasks), "compact")
-    # Rewards differ per trajectory in RL; alternate them so advantages are not all zero.
-    rows = [Row(r.task_uid, r.role, r.prompt_ids, r.completion_ids, float(i % 2)) for i, r in enumerate(rows)]
-    advantages = role_advantages(rows)
-    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    say(f"{len(rows)} rows ({len(pack(rows))} packed sequences), {tokens} tokens, from {tasks} BFCL train task(s)")
-
-    ours_model = add_lora(copy.deepcopy(base), 16)
-    theirs_model = add_lora(copy.deepcopy(base), 16)
-    theirs_model.load_state_dict(ours_model.state_dict())
-    with tempfile.TemporaryDirectory() as out_dir:
-        trainer = _trl_trainer(theirs_model, tok, out_dir)
-        say("TRL GRPOTrainer update …")
-        trl_s, trl_mib = _timed(lambda: _trl_update(trainer, rows, advantages))
-    say("envace grpo_step …")
-    optimizer = torch.optim.AdamW([p for p in ours_model.parameters() if p.requires_grad], lr=1e-5)
-    ours_model.train()
-    ours_s, ours_mib = _timed(lambda: grpo_step(ours_model, optimizer, rows, advantages, tok.pad_token_id))
-    result = {"rows": len(rows), "tokens": tokens, "envace_s": round(ours_s, 1), "trl_s": round(trl_s, 1),
-              "envace_tokens_per_s": round(tokens / ours_s, 1), "trl_tokens_per_s": round(tokens / trl_s, 1),
-              "ratio": round(trl_s / ours_s, 2), "envace_peak_mib": round(ours_mib), "trl_peak_mib": round(trl_mib)}
-    say(f"envace {result['envace_tokens_per_s']} tokens/s ({ours_s:.1f} s, peak +{ours_mib:.0f} MiB) vs TRL "
-        f"{result['trl_tokens_per_s']} tokens/s ({trl_s:.1f} s, peak +{trl_mib:.0f} MiB): ratio {result['ratio']:.2f}")
+    if from_run:
+        batches = stored_step_rows(root, from_run, steps)
+        say(f"{len(batches)} stored GRPO step(s) of {from_run}")
+    else:
+        say(f"playing {steps} GRPO step(s): {limit} {unit}(s) × G = {group_size}, temperature "
+            f"{cfg.rollout.temperature}, {model} …")
+        run, batches = played_step_rows(cfg, steps, root, say)
+        say(f"  stored as run {run}: `envace bench train --from-run {run}` times the same rows again")
+    result: dict[str, Any] = {"grpo": {}, "sft": {}}
+    # Every row back-propagated (the same work for all three), then the trainer's default: rows with A = 0 skipped.
+    # The lowest expected peak first: a later phase reuses freed memory, so it can only under-read its own peak.
+    arms = {"tree": ("tree", False), "chain": ("chain", False), "row": ("row", False),
+            "tree, A = 0 skipped": ("tree", True)}
+    totals: dict[str, dict[str, float]] = {k: {"rows": 0, "rows_skipped": 0, "tokens": 0, "forward_tokens": 0,
+                                               "wall_s": 0.0, "peak_mib": 0.0, "grad_gap": 0.0} for k in arms}
+    for k, (rows, advantages) in enumerate(batches):
+        row_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        flat = sum(a == 0.0 for a in advantages)
+        say(f"step {k}: {len(rows)} rows ({flat} with advantage 0), {row_tokens} row tokens, "
+            f"{tree_tokens(rows)} distinct prefix tokens")
+        compared = advantages
+        if not any(advantages):  # no gradient to compare: the mechanisms are compared under A = ±0.5 instead
+            compared = [0.5 if i % 2 else -0.5 for i in range(len(rows))]
+            say("  every advantage is 0: row, chain and tree are compared with A = ±0.5 alternating by row")
+        grads = {}
+        for arm, (packing, skip) in arms.items():
+            stats, grads[arm] = _update(base, rows, advantages if skip else compared, tok.pad_token_id, packing,
+                                        cfg.lr, max_pack_tokens, skip)
+            t = totals[arm]
+            t["rows"] += len(rows)
+            t["rows_skipped"] += stats["rows_skipped"]
+            t["tokens"] += row_tokens
+            t["forward_tokens"] += stats["forward_tokens"]
+            t["wall_s"] += stats["wall_s"]
+            t["peak_mib"] = max(t["peak_mib"], stats["peak_mib"])
+            say(f"  {arm}: {stats['packs']} forward passes, {stats['forward_tokens']} tokens, "
+                f"{stats['wall_s']:.1f} s, peak +{stats['peak_mib']:.0f} MiB")
+        for arm in ("tree", "chain", "row"):  # the skipping arm's own exactness is a test (tests/test_grpo.py)
+            totals[arm]["grad_gap"] = max(totals[arm]["grad_gap"], _relative_gap(grads[arm], grads["row"]))
+    del totals["tree, A = 0 skipped"]["grad_gap"]
+    if trl:
+        totals["trl"] = _trl_totals(base, tok, batches)
+    _table(say, "one GRPO update", totals)
+    result["grpo"] = totals
+    result["tree_over_chain"] = round(totals["chain"]["wall_s"] / max(totals["tree"]["wall_s"], 1e-9), 2)
+    result["skipping_tree_over_chain"] = round(totals["chain"]["wall_s"] /
+                                               max(totals["tree, A = 0 skipped"]["wall_s"], 1e-9), 2)
+    say(f"tree ÷ chain wall: {result['tree_over_chain']:.2f} (every row back-propagated); with the rows whose "
+        f"advantage is 0 skipped: {result['skipping_tree_over_chain']:.2f}")
+    if sft_tasks:
+        result["sft"] = _sft_epoch(base, tok, cfg, sft_tasks, say)
+        result["sft_tree_over_chain"] = round(result["sft"]["chain"]["wall_s"] / result["sft"]["tree"]["wall_s"], 2)
+        say(f"SFT epoch tree ÷ chain wall: {result['sft_tree_over_chain']:.2f}")
     return result
+
+
+def _table(say, title: str, totals: dict[str, dict[str, float]]) -> None:
+    say(f"{title}: strategy | rows | rows skipped (A = 0) | tokens forwarded | wall s | row-tokens/s | peak MiB | "
+        f"max |Δgrad| / ‖grad‖ vs row")
+    for name, t in totals.items():
+        gap = f"{t['grad_gap']:.1e}" if "grad_gap" in t else "–"
+        say(f"  {name} | {t['rows']} | {t.get('rows_skipped', '–')} | {t.get('forward_tokens', '–')} | "
+            f"{t['wall_s']:.1f} | {t['tokens'] / max(t['wall_s'], 1e-9):.1f} | {t['peak_mib']:.0f} | {gap}")
+
+
+def _trl_totals(base, tok, batches) -> dict[str, float]:
+    totals = {"rows": 0, "tokens": 0, "wall_s": 0.0, "peak_mib": 0.0}
+    for rows, advantages in batches:
+        torch.manual_seed(0)
+        model = add_lora(copy.deepcopy(base), 16)
+        with tempfile.TemporaryDirectory() as out_dir:
+            trainer = _trl_trainer(model, tok, out_dir)
+            _free()
+            seconds, mib, _ = _timed(lambda t=trainer, r=rows, a=advantages: _trl_update(t, r, a))
+        totals["rows"] += len(rows)
+        totals["tokens"] += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        totals["wall_s"] += seconds
+        totals["peak_mib"] = max(totals["peak_mib"], mib)
+    return totals
+
+
+def _sft_steps(model, optimizer, rows: list[Row], chunks, tok, packing: str) -> int:
+    """The epoch's optimiser steps (every advantage 1: the policy loss is the NLL); returns the tokens forwarded."""
+    forwarded = 0
+    for chunk in chunks:
+        batch = [rows[j] for pk in chunk for j in pk]
+        forwarded += grpo_step(model, optimizer, batch, [1.0] * len(batch), tok.pad_token_id,
+                               packing=packing)["forward_tokens"]
+    return forwarded
+
+
+def _sft_epoch(base, tok, cfg, tasks: int, say) -> dict[str, dict[str, float]]:
+    """One SFT epoch of `tasks` train tasks' reference rows, the same steps (`rows_per_step`) under chain and tree."""
+    from envace.training.packing.chain import chains
+    from envace.training.train import sft_chunks
+
+    benchmark = registry.get(cfg.rollout.env)
+    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
+    rows = reference_rows(train_tasks[:tasks], benchmark, tok, cfg.rollout.rehearser, cfg.rollout.caller_demo,
+                          ExampleBank(train_tasks), cfg.rollout.tool_docs)
+    chunks = sft_chunks(chains(rows), cfg.rows_per_step)
+    say(f"SFT: {len(rows)} reference rows of {tasks} train task(s), {len(chunks)} steps of ≥ {cfg.rows_per_step} rows")
+    out = {}
+    for packing in ("tree", "chain"):
+        torch.manual_seed(0)
+        model = add_lora(copy.deepcopy(base), 16)
+        model.train()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+        _free()
+        seconds, mib, forwarded = _timed(lambda m=model, o=optimizer, p=packing: _sft_steps(m, o, rows, chunks, tok, p))
+        out[packing] = {"rows": len(rows), "forward_tokens": forwarded, "wall_s": seconds, "peak_mib": mib,
+                        "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)}
+        say(f"  SFT {packing}: {forwarded} tokens forwarded, {seconds:.1f} s, peak +{mib:.0f} MiB")
+    _table(say, "one SFT epoch", out)
+    return out
 
 
 def bench_train_vllm(model: str = "default", tasks: int = 2, console=None) -> dict[str, dict[str, float]]:

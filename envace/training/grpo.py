@@ -3,15 +3,23 @@
 A *row* is one generation of one role (a caller message, or the rehearsal of one call) with the
 episode's score as its reward: both roles share the task reward, and each row is trained only on its
 own generated tokens, so neither role is ever trained on the other's text and rehearsed tool
-responses *are* trained (unlike a tool loop that masks tool tokens out).
+responses *are* trained (unlike a tool loop that masks tool tokens out). How the rows become forward
+passes (`row`, `chain`, or the default `tree`: every shared prefix computed once) is `packing/`'s business;
+the loss here reads only each pack's scored tokens.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from envace.training import forward as fwd
+from envace.training.packing import Pack, build, sequence_pack
+from envace.training.packing.chain import chains as pack  # noqa: F401  (an episode's caller rows, joined)
+from envace.training.packing.tree import Restore
 
 
 @dataclass(frozen=True)
@@ -65,137 +73,135 @@ def signal_groups(rows: list[Row]) -> dict[str, float]:
     return {role: sum(flags) / len(flags) for role, flags in out.items()}
 
 
-def pack(rows: list[Row]) -> list[list[int]]:
-    """Row indices grouped so that every row's prompt extends the previous row's sequence in its group.
-
-    A caller's prompt at step k is its step k−1 prompt + completion + the tool results, token for
-    token, so all caller rows of an episode become one sequence and one forward pass instead of one
-    per message; causal attention makes every log-prob identical to the row's own forward pass.
-    """
-    groups: list[list[int]] = []
-    for i in sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids)):
-        prompt = rows[i].prompt_ids
-        for group in reversed(groups):
-            last = rows[group[-1]]
-            n = len(last.prompt_ids) + len(last.completion_ids)
-            if len(prompt) >= n and prompt[: len(last.prompt_ids)] == last.prompt_ids and \
-                    prompt[len(last.prompt_ids): n] == last.completion_ids:
-                group.append(i)
-                break
-        else:
-            groups.append([i])
-    return groups
-
-
-def completion_logprobs(model, packs: list[list[Row]], pad_id: int
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(log-probs, logits, owner, behaviour) at the completion positions of each pack's one sequence.
-
-    A pack's sequence is its last row's prompt + completion; `owner[p, t]` is the index (in
-    `[r for pack in packs for r in pack]`) of the row whose completion holds that token, or −1.
-    Packs are left-padded so they end together, and only the positions from the earliest completion
-    on go through the vocabulary projection (`logits_to_keep`): prompts are thousands of tokens.
-    `behaviour` holds each row's sampling log-probs at the same positions (NaN where none were given).
-    """
-    seqs = [pk[-1].prompt_ids + pk[-1].completion_ids for pk in packs]
-    width = max(len(s) for s in seqs)
-    keep = max(max(len(s) - min(len(r.prompt_ids) for r in pk) for s, pk in zip(seqs, packs, strict=True)), 1)
-    device = next(model.parameters()).device
-    ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], device=device)
-    attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift positions
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                   logits_to_keep=keep + 1).logits[:, :-1].float()
-    targets = ids[:, width - keep:]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    owner = torch.full((len(packs), keep), -1, dtype=torch.long, device=device)
-    behaviour = torch.full((len(packs), keep), float("nan"), dtype=logprobs.dtype, device=device)
-    index = 0
-    for p, (seq, pk) in enumerate(zip(seqs, packs, strict=True)):
-        for row in pk:
-            end = keep - (len(seq) - len(row.prompt_ids) - len(row.completion_ids))
-            owner[p, end - len(row.completion_ids): end] = index
-            if row.behaviour is not None and len(row.behaviour) == len(row.completion_ids):
-                behaviour[p, end - len(row.completion_ids): end] = torch.tensor(row.behaviour, dtype=logprobs.dtype)
-            index += 1
-    return logprobs, logits, owner, behaviour
-
-
-def policy_loss(model, packs: list[list[Row]], advantages: list[float], pad_id: int,
+def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], advantages: list[float], total_rows: int,
                 importance_cap: float | None = None) -> tuple[torch.Tensor, dict]:
-    """L = − 1/N Σ_i A_i · (1/|c_i|) Σ_t w_i,t · log π(c_i,t | p_i, c_i,<t), over the N rows of `packs`.
+    """L = − 1/N Σ_i A_i · (1/|c_i|) Σ_t w_i,t · log π(c_i,t | p_i, c_i,<t), this pack's share of the N rows.
 
     One optimiser step per batch keeps the policy on-policy, so the PPO ratio is 1 and clipping never
     acts: this is exactly REINFORCE with the role-wise baseline, with a token mean per sequence, and
-    w = 1. When another engine sampled the tokens (vLLM), its log-probs b differ slightly from the
-    trainer's: with Δ = log π − b per token, the gap is reported as mean |Δ| and as a KL estimate
-    E_b[e^Δ − 1 − Δ] ≥ 0 (Schulman's k3), and `importance_cap` turns on truncated importance sampling,
-    w = min(e^Δ, cap) without gradient (as TRL does), correcting the sampler's mismatch.
+    w = 1. The sum runs over the pack's *entries* (a row's completion token): a token several rows own
+    (the tree) is computed once and counted once per row. When another engine sampled the tokens (vLLM),
+    its log-probs b differ slightly from the trainer's: with Δ = log π − b per token, the gap is reported
+    as mean |Δ| and as a KL estimate E_b[e^Δ − 1 − Δ] ≥ 0 (Schulman's k3), and `importance_cap` turns on
+    truncated importance sampling, w = min(e^Δ, cap) without gradient (as TRL does).
     """
-    rows = [r for pk in packs for r in pk]
-    logprobs, logits, owner, behaviour = completion_logprobs(model, packs, pad_id)
-    mask = owner >= 0
-    lengths = torch.tensor([max(len(r.completion_ids), 1) for r in rows], dtype=logprobs.dtype, device=owner.device)
-    weight = torch.tensor(advantages, dtype=logprobs.dtype, device=owner.device) / lengths
-    sampled = mask & ~torch.isnan(behaviour)
-    delta = torch.where(sampled, logprobs.detach() - behaviour.nan_to_num(), 0.0)
-    tis = torch.ones_like(logprobs)
+    device = forwarded.logp.device
+    node = torch.tensor(pk.entry_node, dtype=torch.long, device=device)
+    logp = forwarded.logp[node]
+    weight = torch.tensor([advantages[r] / max(len(rows[r].completion_ids), 1) for r in pk.entry_row],
+                          dtype=logp.dtype, device=device)
+    behaviour = torch.tensor([b[t] if (b := rows[r].behaviour) is not None and len(b) == len(rows[r].completion_ids)
+                              else float("nan") for r, t in zip(pk.entry_row, pk.entry_token, strict=True)],
+                             dtype=logp.dtype, device=device)
+    sampled = ~torch.isnan(behaviour)
+    delta = torch.where(sampled, logp.detach() - behaviour.nan_to_num(), 0.0)
+    tis = torch.ones_like(logp)
     if importance_cap is not None:
         tis = torch.where(sampled, delta.exp().clamp(max=importance_cap), 1.0)
-    loss = -(torch.where(mask, weight[owner.clamp(min=0)], 0.0) * tis * logprobs).sum() / len(rows)
-    with torch.no_grad():
-        probs = torch.softmax(logits, dim=-1)
-        entropy = (-(probs * torch.log(probs.clamp(min=1e-12))).sum(-1) * mask).sum() / mask.sum().clamp(min=1)
-        n = int(sampled.sum().item())
-        gap = {"behaviour_tokens": n, "logprob_gap_sum": delta.abs().sum().item(),
-               "kl_sum": torch.where(sampled, delta.exp() - 1 - delta, 0.0).sum().item()}
-    return loss, {"loss": loss.item(), "entropy": entropy.item(), "tokens": int(mask.sum().item()), **gap}
+    loss = -(weight * tis * logp).sum() / total_rows
+    stats = {"entropy_sum": forwarded.entropy[node].sum().item(), "tokens": len(pk.entry_node),
+             "behaviour_tokens": int(sampled.sum().item()), "logprob_gap_sum": delta.abs().sum().item(),
+             "kl_sum": torch.where(sampled, delta.exp() - 1 - delta, 0.0).sum().item()}
+    return loss, stats
 
 
-def backward(model, rows: list[Row], advantages: list[float], pad_id: int, micro_batch: int = 1,
-             total_rows: int | None = None, processes=None, importance_cap: float | None = None) -> dict:
-    """Accumulate the gradient of `policy_loss` over the whole batch, `micro_batch` packs at a time.
+_SUMS = ("loss", "entropy_sum", "tokens", "behaviour_tokens", "logprob_gap_sum", "kl_sum")
 
-    Micro-batches of one pack avoid padding, which on CPU keeps attention on its fast causal path for
-    prompts of thousands of tokens; the summed gradients equal the full batch's. `total_rows` is the
-    batch size the loss is normalised by when other `processes` hold the rest of the batch. Every pass
-    back-propagates, even a non-finite one (the caller then skips the update), and under FSDP a
-    process with fewer packs runs idle passes (advantage 0): its peers wait for it in each collective.
+
+def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows: int, importance_cap,
+         chunk: int, sums: dict) -> bool:
+    """Forward and back-propagate `ops` in order (a deferred segment's backward waits for its `Restore`), adding
+    each pack's statistics into `sums`; False if any loss was not finite. Under `torch.no_grad()`: forward only."""
+    deferred: dict[int, tuple] = {}  # segment -> (its loss, recorded keys and values, their leaves)
+    leaves: dict[int, list] = {}
+    finite = True
+    for op in ops:
+        if isinstance(op, Restore):
+            loss, recorded, own = deferred.pop(op.segment)
+            del leaves[op.segment]
+            if torch.is_grad_enabled():
+                fwd.restore(loss, recorded, own)
+            continue
+        forwarded = fwd.forward(model, op, leaves, chunk)
+        loss, stats = policy_loss(forwarded, op, rows, advantages, total_rows, importance_cap)
+        finite = finite and bool(torch.isfinite(loss))
+        sums["loss"] += loss.item()
+        for k in _SUMS[1:]:
+            sums[k] += stats[k]
+        sums["passes"] += 1
+        sums["forward_tokens"] += len(op.ids)
+        if forwarded.recorded is not None:
+            leaves[op.tree.record] = fwd.leaves_of(forwarded.recorded)
+            deferred[op.tree.record] = (loss, forwarded.recorded, leaves[op.tree.record])
+        elif loss.requires_grad:
+            loss.backward()
+    return finite
+
+
+def _passes(model, rows: list[Row], advantages: list[float], total_rows: int, processes, importance_cap,
+            packing: str, max_pack_tokens: int | None, chunk: int, pad_id: int, sums: dict) -> bool:
+    """Every op of `rows` (see `backward`); under FSDP one pack per pass, as many passes as the busiest process."""
+    fsdp = bool(processes and processes.fsdp)
+    ops = build(rows, packing, max_pack_tokens, recompute=fsdp)
+    if not fsdp:
+        return _run(model, ops, rows, advantages, total_rows, importance_cap, chunk, sums)
+    idle = ([sequence_pack([pad_id, pad_id], [(0, 1, 1)])], [Row("", "", [pad_id], [pad_id], 0.0)], [0.0])
+    passes, finite = processes.passes(len(ops)), True
+    for i in range(passes):
+        processes.gradient_sync(model, last=i == passes - 1)
+        if i < len(ops):
+            finite = _run(model, [ops[i]], rows, advantages, total_rows, importance_cap, chunk, sums) and finite
+        else:  # an idle pass: advantage 0, no gradient, but the collectives of a forward and a backward
+            _run(model, *idle, total_rows, None, chunk, dict.fromkeys(sums, 0))
+    return finite
+
+
+def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total_rows: int | None = None,
+             processes=None, importance_cap: float | None = None, packing: str = "tree",
+             max_pack_tokens: int | None = None, flat_row_metrics: bool = False, chunk: int = 512,
+             skip_flat: bool = True) -> dict:
+    """Accumulate the gradient of `policy_loss` over the whole batch, one pack (`packing`) per forward pass.
+
+    A row with advantage exactly 0 (or no completion) adds nothing to the gradient and is not back-propagated
+    (the loss keeps its normalisation by all `total_rows`: the rows of every process); `flat_row_metrics`
+    forwards those rows without gradient for the entropy and the log-prob gap (`skip_flat = False`
+    back-propagates them anyway, at their full cost: how the update ran before, for benchmarks). Every pass
+    back-propagates, even a non-finite one (the caller then skips the update). Under FSDP every process runs
+    as many passes as the busiest, and tree packs are recomputed rather than deferred (`packing.tree`):
+    each pass is then one forward and one backward on every process, in the same order.
     """
     total_rows = total_rows or len(rows)
-    packs = pack(rows)
-    groups = [packs[i: i + micro_batch] for i in range(0, len(packs), micro_batch)]
-    chunks = [([[rows[j] for j in pk] for pk in g], [advantages[j] for pk in g for j in pk]) for g in groups]
-    passes = processes.passes(len(chunks)) if processes else len(chunks)
-    idle = ([[Row("", "", [pad_id], [pad_id], 0.0)]], [0.0])
-    loss_sum, entropy_sum, tokens, finite = 0.0, 0.0, 0, True
-    gap = {"behaviour_tokens": 0, "logprob_gap_sum": 0.0, "kl_sum": 0.0}
-    for i in range(passes):
-        if processes:
-            processes.gradient_sync(model, last=i == passes - 1)
-        chunk, advs = chunks[i] if i < len(chunks) else idle
-        loss, stats = policy_loss(model, chunk, advs, pad_id, importance_cap)
-        n = sum(len(pk) for pk in chunk)
-        (loss * n / total_rows).backward()
-        if i >= len(chunks):
-            continue
-        finite = finite and bool(torch.isfinite(loss))
-        loss_sum += stats["loss"] * n
-        entropy_sum += stats["entropy"] * stats["tokens"]
-        tokens += stats["tokens"]
-        gap = {k: gap[k] + stats[k] for k in gap}
-    out = {"loss": loss_sum / max(len(rows), 1), "entropy": entropy_sum / max(tokens, 1), "tokens": tokens,
-           "packs": len(packs), "finite": finite}
-    if gap["behaviour_tokens"]:  # the sampler's log-probs against the trainer's, over the tokens that have them
-        out.update(logprob_gap=gap["logprob_gap_sum"] / gap["behaviour_tokens"],
-                   kl_estimate=gap["kl_sum"] / gap["behaviour_tokens"])
+    moves = [(a != 0.0 and bool(r.completion_ids)) or not skip_flat for r, a in zip(rows, advantages, strict=True)]
+    trained = [i for i, m in enumerate(moves) if m]
+    flat = [i for i, m in enumerate(moves) if not m]
+    sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens"), 0)
+    with fwd.tree_attention_on(model) if packing == "tree" else nullcontext():
+        finite = _passes(model, [rows[i] for i in trained], [advantages[i] for i in trained], total_rows, processes,
+                         importance_cap, packing, max_pack_tokens, chunk, pad_id, sums)
+        metrics = dict.fromkeys(sums, 0)
+        if flat_row_metrics and (flat or processes and processes.fsdp):
+            with torch.no_grad():
+                _passes(model, [rows[i] for i in flat], [0.0] * len(flat), total_rows, processes, None, packing,
+                        max_pack_tokens, chunk, pad_id, metrics)
+    tokens = sums["tokens"] + metrics["tokens"]
+    out = {"loss": sums["loss"] * total_rows / max(len(rows), 1), "tokens": sums["tokens"],
+           "entropy": (sums["entropy_sum"] + metrics["entropy_sum"]) / max(tokens, 1),
+           "packs": sums["passes"], "forward_tokens": sums["forward_tokens"],
+           "rows_backpropagated": len(trained), "rows_skipped": len(flat), "finite": finite}
+    measured = sums["behaviour_tokens"] + metrics["behaviour_tokens"]
+    if measured:  # the sampler's log-probs against the trainer's, over the tokens that have them
+        out.update(logprob_gap=(sums["logprob_gap_sum"] + metrics["logprob_gap_sum"]) / measured,
+                   kl_estimate=(sums["kl_sum"] + metrics["kl_sum"]) / measured)
     return out
 
 
 def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,
-              max_grad_norm: float = 1.0, micro_batch: int = 1, processes=None,
-              importance_cap: float | None = None) -> dict:
-    """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step.
+              max_grad_norm: float = 1.0, processes=None, importance_cap: float | None = None,
+              packing: str = "tree", max_pack_tokens: int | None = None, flat_row_metrics: bool = False,
+              skip_flat: bool = True) -> dict:
+    """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step, and so
+    does a batch whose every advantage is 0 (nothing back-propagated on any process: no weight moves, the
+    optimiser's moments included).
 
     With data-parallel `processes` (`envace.training.distributed`), `rows` is this process's share
     and the gradients of all shares are summed before clipping (FSDP: reduce-scattered, and clipped
@@ -203,7 +209,15 @@ def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id
     """
     optimizer.zero_grad(set_to_none=True)
     total = int(processes.total(len(rows))) if processes else len(rows)
-    stats = backward(model, rows, advantages, pad_id, micro_batch, total, processes, importance_cap)
+    stats = backward(model, rows, advantages, pad_id, total, processes, importance_cap, packing, max_pack_tokens,
+                     flat_row_metrics, skip_flat=skip_flat)
+    adv = torch.tensor(advantages)
+    adv_stats = {"adv_mean": adv.mean().item() if len(adv) else 0.0,
+                 "adv_std": adv.std().item() if len(adv) > 1 else 0.0}
+    flat = (processes.total(stats["rows_backpropagated"]) if processes else stats["rows_backpropagated"]) == 0
+    if flat:
+        stats.pop("finite")
+        return {**stats, **adv_stats, "skipped": False, "updated": False, "grad_norm": 0.0}
     params = [p for p in model.parameters() if p.requires_grad]
     finite = processes.sum_gradients(params, stats.pop("finite")) if processes else stats.pop("finite")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if finite else None
@@ -211,8 +225,6 @@ def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id
         grad_norm = grad_norm.full_tensor()
     if grad_norm is None or not torch.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
-        return {**stats, "skipped": True, "grad_norm": float("nan")}
+        return {**stats, **adv_stats, "skipped": True, "updated": False, "grad_norm": float("nan")}
     optimizer.step()
-    adv = torch.tensor(advantages)
-    return {**stats, "skipped": False, "grad_norm": grad_norm.item(), "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item() if len(adv) > 1 else 0.0}
+    return {**stats, **adv_stats, "skipped": False, "updated": True, "grad_norm": grad_norm.item()}

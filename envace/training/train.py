@@ -51,7 +51,9 @@ from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
-from envace.training.grpo import Row, backward, grpo_step, pack, role_advantages, signal_groups
+from envace.training.grpo import Row, backward, grpo_step, role_advantages, signal_groups
+from envace.training.packing.chain import chains
+from envace.training.packing.tree import check_budget
 from envace.training.rows import reference_rows, training_rows
 from envace.training.served import ServedPolicy
 from envace.types import Role
@@ -143,7 +145,7 @@ def _evaluate_at(s: Session, updates: int) -> None:
           f"{scores.get('exact', 0.0):.2f} over {scores['pairs']} pairs")
 
 
-def _chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int]]]:
+def sft_chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int]]]:
     """Whole packs per SFT step, at least `rows_per_step` rows each (a pack is never split)."""
     chunks: list[list[list[int]]] = [[]]
     for pk in packs:
@@ -198,8 +200,8 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
          say: Callable[[str], None]) -> dict[str, float]:
     """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL."""
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
-    packs, step, started, nll = pack(rows), 0, time.perf_counter(), {}
-    epochs = [_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
+    packs, step, started, nll = chains(rows), 0, time.perf_counter(), {}  # an episode's caller rows stay together
+    epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
               for e in range(cfg.sft_epochs)]
     total = sum(len(chunks) for chunks in epochs)
     model.train()
@@ -209,7 +211,7 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
             optimizer.zero_grad(set_to_none=True)
             stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk),
-                             processes=procs)
+                             processes=procs, packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens)
             params = [p for p in model.parameters() if p.requires_grad]
             if procs.sum_gradients(params, stats["finite"]):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -239,8 +241,10 @@ def _warm_up(s: Session, train_tasks, tok) -> dict[str, float]:
     rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], s.benchmark, tok, cfg.rollout.rehearser,
                                       cfg.rollout.caller_demo, s.bank, cfg.rollout.tool_docs)
             if r.role in cfg.trained_roles or r.role == "summariser"]  # every role the trained weights play
-    s.say(f"SFT: {len(rows)} reference rows ({len(pack(rows))} packed sequences) from {cfg.sft_tasks} train "
-          f"tasks, {cfg.sft_epochs} epoch(s)" + (f", {s.procs.world} processes" if s.procs.world > 1 else ""))
+    if cfg.packing == "tree" and cfg.max_pack_tokens is not None:
+        check_budget(rows, cfg.max_pack_tokens)  # before the first step, not in the middle of an epoch
+    s.say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s), "
+          f"{cfg.packing} packing" + (f", {s.procs.world} processes" if s.procs.world > 1 else ""))
     return _sft(cfg, s.model, rows, tok.pad_token_id, s.run, s.procs, s.tracker, s.say)
 
 
@@ -264,13 +268,15 @@ def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
     rollout_s = time.perf_counter() - started
     s.model.train()
     stats = grpo_step(s.model, s.optimizer, rows, advantages, s.backend.tokenizer.pad_token_id, processes=s.procs,
-                      importance_cap=cfg.vllm_importance_cap)
+                      importance_cap=cfg.vllm_importance_cap, packing=cfg.packing,
+                      max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics)
+    update_s = time.perf_counter() - started - rollout_s
     s.procs.sync(s.model, s.generator)
     if s.served is not None:  # the servers generate the next step with the weights just updated
         stats["sync_s"] = s.served.sync(s.generator)
-    stats.update(rollout_s=rollout_s, step_s=time.perf_counter() - started)
+    stats.update(rollout_s=rollout_s, update_s=update_s, step_s=time.perf_counter() - started)
     for g, a in zip(generations, advantages, strict=True):  # stored exactly as the update used them
-        g.advantage, g.trained = a, not stats["skipped"]
+        g.advantage, g.trained = a, stats["updated"] and a != 0.0  # a row with advantage 0 is not back-propagated
     per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
     shard = f"step-{step:05d}" + (f"-p{s.procs.rank}" if s.procs.world > 1 else "")
     if s.procs.main:
@@ -281,8 +287,9 @@ def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
     adv = ", ".join(f"{role} ±{per_role[role]['adv_std']:.3f}" for role in ("caller", "rehearser") if role in per_role)
     s.say(f"GRPO step {step + 1}/{cfg.grpo_steps}: {len(rows)} rows, checklist "
           f"{per_role['all']['checklist_mean']:.3f}, groups with signal: {signal or '-'}; "
-          f"advantage spread {adv or '-'}; loss {stats['loss']:.4f}"
-          + (" (skipped: non-finite)" if stats["skipped"] else ""))
+          f"advantage spread {adv or '-'}; loss {stats['loss']:.4f}; {stats['rows_skipped']} row(s) with advantage 0 "
+          f"not back-propagated" + (" (skipped: non-finite)" if stats["skipped"] else "")
+          + ("" if stats["updated"] or stats["skipped"] else " (no update: every advantage 0)"))
     return per_role
 
 

@@ -1,0 +1,224 @@
+"""One pack through the model: the log-probability and entropy of each of its scored tokens.
+
+Only the hidden states that predict a scored token go through the vocabulary projection, in chunks
+of `chunk` rows whose logits are recomputed in the backward pass (activation checkpointing of the
+head alone), so the head's memory is `chunk × vocab`, whatever the number of completion tokens.
+
+A tree pack (`packing.tree`) runs every attention layer through `tree_attention`, registered with
+transformers' attention interface: segment by segment, each segment's queries attend to its
+ancestors' keys (fully) and its own (causally), with one `scaled_dot_product_attention` call per
+segment, so no work is spent on the masked-out pairs of a dense tree mask. Keys and values of
+segments forwarded earlier (deferred, `packing.tree.Restore`) come first on the key axis: they are
+detached *leaves*, so a child pack's backward pass leaves their gradient on them, and `restore`
+runs the deferred segment's own backward pass with it (gradient restoration: exact).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from envace.errors import UsageError
+from envace.training.packing import Pack
+from envace.training.packing.tree import TreeLayout
+
+TREE_ATTENTION = "envace_tree"
+
+
+@dataclass
+class TreeState:
+    """What the attention layers of one tree forward share: the layout, the deferred leaves, and what is recorded."""
+
+    layout: TreeLayout
+    leaves: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]  # deferred segment -> per layer (keys, values)
+    recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    layers: int = 0
+
+
+def _mask(seg, device) -> torch.Tensor:
+    """Ancestors fully visible, the segment's own tokens causal."""
+    n, above = seg.end - seg.start, seg.ancestors
+    own = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return torch.cat([torch.ones(n, above, dtype=torch.bool, device=device), own], dim=1)
+
+
+def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                   envace_tree: TreeState | None = None, **kwargs):
+    """transformers' attention interface: (module, q [1,H,N,d], k/v [1,Hkv,N,d], mask) -> ([1,N,H,d], None)."""
+    if envace_tree is None:  # not a tree pack (generation, a row or chain pack): plain SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if kwargs.get("sliding_window"):
+        raise NotImplementedError("packing = tree: sliding-window attention layers are not supported; use chain")
+    state, layer = envace_tree, module.layer_idx
+    state.layers = max(state.layers, layer + 1)
+    if state.layout.record is not None:  # a deferred segment: its children read these (once: not on recompute)
+        state.recorded.setdefault(layer, (key, value))
+    if state.layout.external:
+        key = torch.cat([state.leaves[s][layer][0] for s in state.layout.external] + [key], dim=2)
+        value = torch.cat([state.leaves[s][layer][1] for s in state.layout.external] + [value], dim=2)
+    import os
+    if os.environ.get("TREE_MECH", "mask") == "mask":
+        return _pack_attention(module, query, key, value, state, dropout, scaling), None
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    outs = []
+    for i, seg in enumerate(state.layout.segments):
+        q = query[:, :, seg.start:seg.end]
+        if len(seg.keys) == 1:
+            lo, hi = seg.keys[0]
+            k, v, mask, causal = key[:, :, lo:hi], value[:, :, lo:hi], None, True
+        else:
+            index = torch.cat([torch.arange(lo, hi, device=key.device) for lo, hi in seg.keys])
+            k, v = key.index_select(2, index), value.index_select(2, index)
+            if i not in state.masks:
+                state.masks[i] = _mask(seg, key.device)
+            mask, causal = state.masks[i], False
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def pack_mask(layout: TreeLayout, keys: int, device) -> torch.Tensor:
+    """[pack tokens × keys] booleans: a token sees its ancestors' keys and, causally, its own segment's."""
+    n = layout.segments[-1].end
+    mask = torch.zeros(n, keys, dtype=torch.bool, device=device)
+    for seg in layout.segments:
+        for lo, hi in seg.keys[:-1]:
+            mask[seg.start:seg.end, lo:hi] = True
+        lo, hi = seg.keys[-1]
+        mask[seg.start:seg.end, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+def _pack_attention(module, query, key, value, state: TreeState, dropout: float, scaling) -> torch.Tensor:
+    """One SDPA call over the whole pack with its tree mask (keys: the deferred segments' first, then the pack's)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    gqa = {}
+    if groups > 1 and query.device.type == "cpu":  # CPU's kernels take grouped heads with a mask; CUDA's may not
+        gqa = {"enable_gqa": True}
+    elif groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    segments = state.layout.segments
+    if len(segments) == 1 and len(segments[0].keys) == 1:  # one segment with nothing above it: plain causal
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True,
+                                                               scale=scaling, **gqa)
+    else:
+        if -1 not in state.masks:  # one mask for every layer of the pack
+            state.masks[-1] = pack_mask(state.layout, key.shape[2], key.device)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.masks[-1],
+                                                               dropout_p=dropout, scale=scaling, **gqa)
+    return out.transpose(1, 2).contiguous()
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(TREE_ATTENTION, tree_attention)
+
+
+@contextmanager
+def tree_attention_on(model):
+    """Route `model`'s attention through `tree_attention` while its tree packs run forward *and* backward
+    (checkpointed layers recompute their forward in the backward pass)."""
+    _register()
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None
+               and hasattr(c, "_attn_implementation")}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    for c in configs.values():
+        c._attn_implementation = TREE_ATTENTION
+    try:
+        yield
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
+
+
+def _head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()
+    logp = torch.log_softmax(logits, dim=-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+def scored_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 512
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(target | hidden) and the entropy of π at each row of `hidden` [K, d], `chunk` rows of logits at a time."""
+    head = model.get_output_embeddings()
+    logps, entropies = [], []
+    for i in range(0, len(targets), chunk):
+        h, t = hidden[i:i + chunk], targets[i:i + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            logp, entropy = checkpoint(_head_logprobs, head, h, t, use_reentrant=False)
+        else:
+            logp, entropy = _head_logprobs(head, h, t)
+        logps.append(logp)
+        entropies.append(entropy)
+    if not logps:
+        return hidden.new_zeros(0), hidden.new_zeros(0)
+    return torch.cat(logps), torch.cat(entropies)
+
+
+@dataclass
+class Forwarded:
+    """A pack after its forward pass: per scored token its log-prob (with graph) and entropy (without)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    recorded: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # a deferred segment's keys and values
+
+
+def forward(model, pack: Pack, leaves: dict, chunk: int = 512) -> Forwarded:
+    """Forward `pack` (a tree pack needs `tree_attention_on(model)` around this call and its backward)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([pack.ids], device=device)
+    positions = torch.tensor([pack.positions], device=device)
+    extra = {}
+    state = None
+    if pack.tree is not None:
+        state = TreeState(pack.tree, leaves)
+        extra["envace_tree"] = state
+    out = model(input_ids=ids, position_ids=positions, output_hidden_states=True, logits_to_keep=1, **extra)
+    hidden = out.hidden_states[-1][0]
+    with torch.no_grad():  # the model's own last logits must be its head on the last hidden state: no soft-cap
+        own = model.get_output_embeddings()(hidden[-1:]).float()
+        if torch.isfinite(own).all() and not torch.allclose(own, out.logits[0, -1:].float(), rtol=1e-3, atol=1e-3):
+            raise UsageError(f"{type(model).__name__}: its logits are not its output embedding of its last hidden "
+                             f"state (a final soft-cap or scale?), which this trainer's loss assumes")
+    del out
+    logp, entropy = scored_logprobs(model, hidden[torch.tensor(pack.src, dtype=torch.long, device=device)],
+                                    torch.tensor(pack.tgt, dtype=torch.long, device=device), chunk)
+    recorded = None
+    if state is not None and pack.tree.record is not None:
+        if len(state.recorded) != state.layers or not state.layers:
+            raise RuntimeError("packing = tree: not every layer attended through the attention interface")
+        recorded = [state.recorded[i] for i in range(state.layers)]
+    return Forwarded(logp, entropy, recorded)
+
+
+def leaves_of(recorded: list[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detached copies of a deferred segment's keys and values that collect their children's gradient."""
+    return [(k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
+            for k, v in recorded]
+
+
+def restore(loss: torch.Tensor | None, recorded, leaves) -> None:
+    """The deferred segment's backward pass: its own loss plus, through its keys and values, its children's."""
+    outputs, grads = [], []
+    if loss is not None and loss.requires_grad:
+        outputs.append(loss)
+        grads.append(torch.ones_like(loss))
+    for (k, v), (lk, lv) in zip(recorded, leaves, strict=True):
+        for out, leaf in ((k, lk), (v, lv)):
+            if out.requires_grad and leaf.grad is not None:
+                outputs.append(out)
+                grads.append(leaf.grad)
+    if outputs:
+        torch.autograd.backward(outputs, grads)
