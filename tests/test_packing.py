@@ -279,3 +279,20 @@ def test_generation_after_a_tree_update_uses_plain_attention_again(tiny):
     assert model.config._attn_implementation != fwd.TREE_ATTENTION
     (after,) = backend.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.0))
     assert after.ids == before.ids
+
+
+def test_packing_outside_the_three_names_and_a_row_over_the_budget_are_one_line_each(tmp_path, capsys):
+    from envace.cli import main
+
+    root = str(tmp_path / "runs")
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", 'packing="zip"']) == 2
+    err = capsys.readouterr().err.strip()
+    assert "packing" in err and "zip" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", "max_pack_tokens=0"]) == 2
+    capsys.readouterr()
+    # SFT's reference rows are far longer than 64 tokens: refused before the first step, nothing stored half
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "small",
+                 "--set", "max_pack_tokens=64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "max_pack_tokens" in err and "budget of 64 tokens" in err, err
+    assert not list((tmp_path / "runs" / "small").glob("*/*.parquet"))

@@ -5,12 +5,19 @@ of `chunk` rows whose logits are recomputed in the backward pass (activation che
 head alone), so the head's memory is `chunk × vocab`, whatever the number of completion tokens.
 
 A tree pack (`packing.tree`) runs every attention layer through `tree_attention`, registered with
-transformers' attention interface: segment by segment, each segment's queries attend to its
-ancestors' keys (fully) and its own (causally), with one `scaled_dot_product_attention` call per
-segment, so no work is spent on the masked-out pairs of a dense tree mask. Keys and values of
-segments forwarded earlier (deferred, `packing.tree.Restore`) come first on the key axis: they are
-detached *leaves*, so a child pack's backward pass leaves their gradient on them, and `restore`
-runs the deferred segment's own backward pass with it (gradient restoration: exact).
+transformers' attention interface: one `scaled_dot_product_attention` call over the pack with its
+tree mask (a token sees its ancestors and itself; position id = depth), so its hidden state is the
+one its row's own forward pass gives. Keys and values of segments forwarded earlier (deferred,
+`packing.tree.Restore`) come first on the key axis: they are detached *leaves*, so a child pack's
+backward pass leaves their gradient on them, and `restore` runs the deferred segment's own backward
+pass with it (gradient restoration: exact).
+
+Why a mask over the pack rather than one call per segment (each over its ancestors' keys gathered,
+its own causally): on this CPU the update of a real GRPO step took 75.8 s with the mask and 80.4 s
+per segment, at 3,778 against 5,863 MiB peak, since every segment's gathered keys are kept for the
+backward pass (docs/benchmarks.md). Packs are small (the budget defers long shared prefixes), so the
+masked-out pairs cost little; on a GPU the same layout would give FlexAttention a block mask
+(`kv ≤ q < end(kv)` in preorder), which skips them.
 """
 
 from __future__ import annotations
@@ -35,15 +42,8 @@ class TreeState:
     layout: TreeLayout
     leaves: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]  # deferred segment -> per layer (keys, values)
     recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    mask: torch.Tensor | None = None  # built once, read by every layer
     layers: int = 0
-
-
-def _mask(seg, device) -> torch.Tensor:
-    """Ancestors fully visible, the segment's own tokens causal."""
-    n, above = seg.end - seg.start, seg.ancestors
-    own = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-    return torch.cat([torch.ones(n, above, dtype=torch.bool, device=device), own], dim=1)
 
 
 def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -55,7 +55,7 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     if kwargs.get("sliding_window"):
-        raise NotImplementedError("packing = tree: sliding-window attention layers are not supported; use chain")
+        raise UsageError("packing = tree: sliding-window attention layers are not supported; use packing = chain")
     state, layer = envace_tree, module.layer_idx
     state.layers = max(state.layers, layer + 1)
     if state.layout.record is not None:  # a deferred segment: its children read these (once: not on recompute)
@@ -63,26 +63,22 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
     if state.layout.external:
         key = torch.cat([state.leaves[s][layer][0] for s in state.layout.external] + [key], dim=2)
         value = torch.cat([state.leaves[s][layer][1] for s in state.layout.external] + [value], dim=2)
-    import os
-    if os.environ.get("TREE_MECH", "mask") == "mask":
-        return _pack_attention(module, query, key, value, state, dropout, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    outs = []
-    for i, seg in enumerate(state.layout.segments):
-        q = query[:, :, seg.start:seg.end]
-        if len(seg.keys) == 1:
-            lo, hi = seg.keys[0]
-            k, v, mask, causal = key[:, :, lo:hi], value[:, :, lo:hi], None, True
-        else:
-            index = torch.cat([torch.arange(lo, hi, device=key.device) for lo, hi in seg.keys])
-            k, v = key.index_select(2, index), value.index_select(2, index)
-            if i not in state.masks:
-                state.masks[i] = _mask(seg, key.device)
-            mask, causal = state.masks[i], False
-        outs.append(torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scaling))
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    gqa = {}
+    if groups > 1 and query.device.type == "cpu":  # CPU's kernels take grouped heads with a mask; CUDA's may not
+        gqa = {"enable_gqa": True}
+    elif groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    segments = state.layout.segments
+    if len(segments) == 1 and len(segments[0].keys) == 1:  # one segment with nothing above it: plain causal
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True,
+                                                               scale=scaling, **gqa)
+    else:
+        if state.mask is None:
+            state.mask = pack_mask(state.layout, key.shape[2], key.device)
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.mask,
+                                                               dropout_p=dropout, scale=scaling, **gqa)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def pack_mask(layout: TreeLayout, keys: int, device) -> torch.Tensor:
@@ -95,26 +91,6 @@ def pack_mask(layout: TreeLayout, keys: int, device) -> torch.Tensor:
         lo, hi = seg.keys[-1]
         mask[seg.start:seg.end, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=device).tril()
     return mask
-
-
-def _pack_attention(module, query, key, value, state: TreeState, dropout: float, scaling) -> torch.Tensor:
-    """One SDPA call over the whole pack with its tree mask (keys: the deferred segments' first, then the pack's)."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    gqa = {}
-    if groups > 1 and query.device.type == "cpu":  # CPU's kernels take grouped heads with a mask; CUDA's may not
-        gqa = {"enable_gqa": True}
-    elif groups > 1:
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    segments = state.layout.segments
-    if len(segments) == 1 and len(segments[0].keys) == 1:  # one segment with nothing above it: plain causal
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True,
-                                                               scale=scaling, **gqa)
-    else:
-        if -1 not in state.masks:  # one mask for every layer of the pack
-            state.masks[-1] = pack_mask(state.layout, key.shape[2], key.device)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.masks[-1],
-                                                               dropout_p=dropout, scale=scaling, **gqa)
-    return out.transpose(1, 2).contiguous()
 
 
 def _register() -> None:
@@ -148,7 +124,7 @@ def _head_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[t
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
-def scored_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 512
+def scored_logprobs(model, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 256
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(target | hidden) and the entropy of π at each row of `hidden` [K, d], `chunk` rows of logits at a time."""
     head = model.get_output_embeddings()
@@ -175,7 +151,7 @@ class Forwarded:
     recorded: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # a deferred segment's keys and values
 
 
-def forward(model, pack: Pack, leaves: dict, chunk: int = 512) -> Forwarded:
+def forward(model, pack: Pack, leaves: dict, chunk: int = 256) -> Forwarded:
     """Forward `pack` (a tree pack needs `tree_attention_on(model)` around this call and its backward)."""
     device = next(model.parameters()).device
     ids = torch.tensor([pack.ids], device=device)

@@ -158,7 +158,7 @@ def _passes(model, rows: list[Row], advantages: list[float], total_rows: int, pr
 
 def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total_rows: int | None = None,
              processes=None, importance_cap: float | None = None, packing: str = "tree",
-             max_pack_tokens: int | None = None, flat_row_metrics: bool = False, chunk: int = 512,
+             max_pack_tokens: int | None = None, flat_row_metrics: bool = False, chunk: int = 256,
              skip_flat: bool = True) -> dict:
     """Accumulate the gradient of `policy_loss` over the whole batch, one pack (`packing`) per forward pass.
 
