@@ -1,5 +1,6 @@
 """Run under `torchrun --nproc_per_node 2` by tests/test_train.py: two FSDP updates on unequal shares
 must equal the updates one unsharded process takes with the whole batch, also across a save and load.
+Mode `full` or `lora` (FSDP), or `zero` (data parallel with AdamW's moments sharded: ZeRO stage 1).
 
 Writes {"weights": max |Δ|, "moments": max |Δ|, ...} to the path in argv[1] (process 0).
 """
@@ -28,8 +29,9 @@ def trainable(model) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
 
-def main(out: str, lora: bool) -> None:
-    procs = Processes(fsdp=True)
+def main(out: str, mode: str) -> None:
+    lora, zero = mode == "lora", mode == "zero"
+    procs = Processes(fsdp=not zero)
     base, tok = build_tiny(seed=2)
     if lora:
         base = add_lora(base, 4)
@@ -40,7 +42,7 @@ def main(out: str, lora: bool) -> None:
     ref_opt = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2)
     model = copy.deepcopy(base).train()
     generator = procs.prepare(model)
-    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], 1e-2, shard=False)
+    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], 1e-2, shard=zero)
     share = SHARES[procs.rank]
     rows, advantages = [ROWS[i] for i in share], [ADVANTAGES[i] for i in share]
 
@@ -57,13 +59,15 @@ def main(out: str, lora: bool) -> None:
     # A fresh sharded model loads that state and takes a second step: what a resumed run does.
     again = copy.deepcopy(base).train()
     generator = procs.prepare(again)
-    optimizer = procs.optimizer([p for p in again.parameters() if p.requires_grad], 1e-2, shard=False)
+    optimizer = procs.optimizer([p for p in again.parameters() if p.requires_grad], 1e-2, shard=zero)
     procs.load(again, optimizer, torch.load(f"{out}.state.pt", weights_only=True))
     grpo_step(reference, ref_opt, ROWS, ADVANTAGES, tok.pad_token_id)
     stats = grpo_step(again, optimizer, rows, advantages, tok.pad_token_id, processes=procs)
     procs.sync(again, generator)
     if procs.main:
-        ref, got, saved = trainable(reference), dict(generator.named_parameters()), state["optimizer"]["state"]
+        ref, got = trainable(reference), dict(generator.named_parameters())
+        # ZeRO-1 keys the moments by index, FSDP by name
+        saved = {names[k] if isinstance(k, int) else k: v for k, v in state["optimizer"]["state"].items()}
         json.dump({"weights": max((ref[n] - got[n]).abs().max().item() for n in ref),
                    "moved": max((ref[n] - w).abs().max().item() for n, w in trainable(base).items()),
                    "tensors": len(ref), "saved": [len(state["model"]), len(saved)],
@@ -73,4 +77,4 @@ def main(out: str, lora: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], lora=sys.argv[2:] == ["lora"])
+    main(sys.argv[1], sys.argv[2])

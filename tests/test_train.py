@@ -259,10 +259,16 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):
     assert plain.keys() == zero.keys() == sharded.keys()
     assert all(torch.allclose(plain[k], zero[k], atol=1e-6) for k in plain)
     assert all(torch.allclose(plain[k], sharded[k], atol=1e-5) for k in plain)
+    con = connect(str(tmp_path))
     for name in ("zero", "fsdp"):
         state = torch.load(tmp_path / name / "state.pt", weights_only=True)
         assert state["fsdp"] == (name == "fsdp")
-        assert len(state["optimizer"]["state"]) == len(state["model"])  # every weight's moments, not one shard's
+        updated = con.execute("SELECT max(value) FROM metrics WHERE run_id = ? AND name = 'updated'", [name]).fetchall()
+        # every weight's moments, not one shard's (tests/fsdp_worker.py checks their values after real updates);
+        # when every GRPO step was flat (the tiny model scores nothing) no step made any, but torch's FSDP state
+        # dict initialises them all (at zero, with the learning rate set to 0)
+        whole = updated[0][0] or name == "fsdp"
+        assert len(state["optimizer"]["state"]) == (len(state["model"]) if whole else 0)
     done = train(torchrun, "--resume", "zero", "--set", "shard_optimizer=true", "--set", "grpo_steps=3")
     assert done.returncode == 0, done.stderr[-2000:]
     done = train(fsdp, "--resume", "fsdp", "--set", "grpo_steps=3")
@@ -291,19 +297,24 @@ def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_p
     assert not list(tmp_path.iterdir())  # refused before any run was created
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, lora):
+@pytest.mark.parametrize("mode", ["full", "lora", "zero"])
+def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
     """Two FSDP processes with unequal shares (one pads with idle passes) take, over two updates with a
-    save and load between them, the steps one process takes with the whole batch."""
+    save and load between them, the steps one process takes with the whole batch; so does ZeRO stage 1
+    (`zero`: whole weights on each process, AdamW's moments sharded and gathered whole into the state)."""
     import json
 
     out = tmp_path / "result.json"
-    done = subprocess.run([*TORCHRUN, "tests/fsdp_worker.py", str(out), *(["lora"] if lora else [])],
+    done = subprocess.run([*TORCHRUN, "tests/fsdp_worker.py", str(out), mode],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert not result["skipped"] and result["moved"] > 1e-3  # the updates did something
-    assert result["weights"] < 1e-5 and result["moments"] < 1e-6
+    # The moments (0.9·0.1·g1 + 0.1·g2) carry the gradients: equal to 1e-6. The weights pass through Adam's
+    # g / (|g| + 1e-8), which turns fp32 rounding in gradients of ~1e-8 into lr-sized steps: tree packing sums a
+    # shared token's gradient in another order than the whole batch does (3.6% on elements below 1e-6, where
+    # chain's order gave 1.5%), so its weights agree to 5e-5 where chain's agreed to 3e-6.
+    assert result["weights"] < 1e-4 and result["moments"] < 1e-6
     assert result["saved"] == [result["tensors"]] * 2  # whole weights and moments, not one shard
 
 

@@ -95,8 +95,10 @@ def test_filters_sort_and_the_rows_reward_and_advantage(store):
     assert steps["advantage"].notna().all()
     # the stored advantages are the trainer's own: centred per (step, task, role) over the trained rows
     rows = wb.sql("SELECT g.step, e.task_uid, g.role, g.advantage FROM generations g JOIN episodes e "
-                  "USING (run_id, step, episode_id) WHERE g.run_id = 'trained' AND e.phase = 'grpo' AND g.trained")
-    assert len(rows) == len(steps) and steps["trained"].all()
+                  "USING (run_id, step, episode_id) WHERE g.run_id = 'trained' AND e.phase = 'grpo' "
+                  "AND g.advantage IS NOT NULL")
+    # trained: back-propagated by the update (a row with advantage 0 adds nothing and is skipped)
+    assert len(rows) == len(steps) and (steps["trained"] == (steps["advantage"] != 0)).all()
     assert rows.groupby(["step", "task_uid", "role"])["advantage"].sum().abs().max() < 1e-9
     over = wb.fidelity_over_training("trained")
     assert set(over["source"]) <= {"eval", "train"}

@@ -64,7 +64,9 @@ def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.n
     for module in list(model.modules()):
         if type(module).__name__ in classes:
             fully_shard(module, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+    # The root (embeddings, final norm, head) stays gathered from its forward to its backward: the loss projects
+    # the scored hidden states through the head after the forward returns (`training.forward`), in chunks.
+    fully_shard(model, reshard_after_forward=False)
     for unit in model.modules():
         if isinstance(unit, FSDPModule):
             # The loss is already normalised by the global row count: sum the shares, do not average them

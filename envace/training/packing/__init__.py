@@ -16,44 +16,18 @@ row that owns it: exactly the per-row sum.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from envace.errors import UsageError
+from envace.training.packing.chain import chain_packs
+from envace.training.packing.pack import Pack, sequence_pack
+from envace.training.packing.row import row_packs
+from envace.training.packing.tree import tree_packs
+
+__all__ = ["STRATEGIES", "Pack", "Strategy", "build", "sequence_pack"]
 
 Strategy = Literal["tree", "chain", "row"]
 STRATEGIES: tuple[str, ...] = ("tree", "chain", "row")
-
-
-@dataclass(frozen=True)
-class Pack:
-    """One forward pass: a sequence, its scored tokens, and which rows own them."""
-
-    ids: list[int]
-    positions: list[int]
-    src: list[int]  # per scored token: the index of the hidden state that predicts it
-    tgt: list[int]  # per scored token: its token id
-    entry_row: list[int]  # per entry: the row (index into the batch)
-    entry_token: list[int]  # per entry: which of that row's completion tokens it is
-    entry_node: list[int]  # per entry: the scored token holding its log-prob
-    tree: object | None = None  # a `tree.TreeLayout` (tree-shaped attention), or None (causal)
-
-    @property
-    def rows(self) -> list[int]:
-        return sorted(set(self.entry_row))
-
-
-def sequence_pack(seq: list[int], owners: Sequence[tuple[int, int, int]]) -> Pack:
-    """A causal pack of one sequence; `owners` are (row, start, length): row's completion is seq[start:start+length]."""
-    src, tgt, entry_row, entry_token, entry_node = [], [], [], [], []
-    for row, start, length in owners:
-        for t in range(length):
-            entry_row.append(row)
-            entry_token.append(t)
-            entry_node.append(len(src))
-            src.append(start + t - 1)
-            tgt.append(seq[start + t])
-    return Pack(list(seq), list(range(len(seq))), src, tgt, entry_row, entry_token, entry_node)
 
 
 def build(rows: Sequence, strategy: str, max_tokens: int | None = None, recompute: bool = False) -> list:
@@ -67,15 +41,9 @@ def build(rows: Sequence, strategy: str, max_tokens: int | None = None, recomput
         if not row.prompt_ids:
             raise ValueError(f"row {i} has an empty prompt: its first completion token has nothing to condition on")
     if strategy == "row":
-        from envace.training.packing.row import row_packs
-
         return row_packs(rows)
     if strategy == "chain":
-        from envace.training.packing.chain import chain_packs
-
         return chain_packs(rows)
     if strategy == "tree":
-        from envace.training.packing.tree import tree_packs
-
         return tree_packs(rows, max_tokens, recompute)
     raise UsageError(f"packing: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")

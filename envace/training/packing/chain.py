@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envace.training.packing import Pack, sequence_pack
+from envace.training.packing.pack import Pack, sequence_pack
 
 
 def chains(rows: Sequence) -> list[list[int]]:

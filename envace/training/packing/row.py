@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from envace.training.packing import Pack, sequence_pack
+from envace.training.packing.pack import Pack, sequence_pack
 
 
 def row_packs(rows: Sequence) -> list[Pack]:

@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from envace.errors import UsageError
-from envace.training.packing import Pack
+from envace.training.packing.chain import chains
+from envace.training.packing.pack import Pack
 
 
 class BudgetError(UsageError):
@@ -263,8 +264,6 @@ def tree_packs(rows: Sequence, max_tokens: int | None = None, recompute: bool = 
         return []
     seqs = [list(r.prompt_ids) + list(r.completion_ids) for r in rows]
     if max_tokens is None:
-        from envace.training.packing.chain import chains
-
         max_tokens = max(len(seqs[g[-1]]) for g in chains(rows))
     check_budget(rows, max_tokens)
     trie = _trie(seqs, [len(r.completion_ids) for r in rows])
