@@ -579,9 +579,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench.bench_train_vllm(model=args.model, tasks=args.limit, console=_console())
     elif args.what == "train":
         train = load_toml(args.config).get("train", {}) if args.config else {}
-        for name in ("group_size", "steps", "sft_tasks"):
-            if getattr(args, name) < (0 if name == "sft_tasks" else 1):
-                raise UsageError(f"--{name.replace('_', '-')}: must be at least {0 if name == 'sft_tasks' else 1}")
+        for name, least in (("group_size", 1), ("steps", 0), ("sft_tasks", 0), ("limit", 1)):
+            if getattr(args, name) < least:
+                raise UsageError(f"--{name.replace('_', '-')}: must be at least {least}")
+        if not args.steps and not args.sft_tasks:
+            raise UsageError("--steps 0 times no GRPO update: give --sft-tasks K to time an SFT epoch")
         bench.bench_train(model=args.model, limit=args.limit, group_size=args.group_size, unit=args.unit,
                           steps=args.steps, from_run=args.from_run, root=str(runs_root(args.root)), train=train,
                           sft_tasks=args.sft_tasks, trl=args.trl, max_pack_tokens=args.max_pack_tokens,
@@ -662,7 +664,8 @@ def _bench_command(sub) -> None:
     p.add_argument("--group-size", type=int, default=8, help="train: G rollouts per unit (default: 8)")
     p.add_argument("--unit", default="turn", choices=["turn", "episode"], help="train: what one rollout covers "
                    "(default: turn)")
-    p.add_argument("--steps", type=int, default=1, help="train: GRPO steps played and timed (default: 1)")
+    p.add_argument("--steps", type=int, default=1, help="train: GRPO steps played and timed (default: 1; 0: only "
+                   "the SFT epoch of --sft-tasks)")
     p.add_argument("--from-run", default=None, help="train: time a stored training run's GRPO steps instead of "
                    "playing new ones")
     p.add_argument("--config", default=None, help="train: a config whose [train] table sets the rollouts (e.g. "
@@ -769,6 +772,16 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _main(argv)
+    torch = sys.modules.get("torch")  # loaded only by the commands that need it
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        from envace.training.distributed import leave
+
+        leave(code)  # one process of a multi-process launch: exit without meeting torch's threads unjoined
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
     if threading.current_thread() is threading.main_thread():

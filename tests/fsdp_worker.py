@@ -15,7 +15,7 @@ import torch
 
 from envace.policy.models import add_lora
 from envace.policy.tiny import build_tiny
-from envace.training.distributed import Processes
+from envace.training.distributed import Processes, leave
 from envace.training.grpo import Row, grpo_step
 
 ROWS = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "caller", [1, 5, 7, 9, 11, 4], [12], 1.0),
@@ -74,6 +74,7 @@ def main(out: str, mode: str) -> None:
                    "moments": max((saved[n]["exp_avg"] - m).abs().max().item() for n, m in ref_moments.items()),
                    "skipped": stats["skipped"]}, open(out, "w"))
     procs.wait()
+    leave(0)
 
 
 if __name__ == "__main__":

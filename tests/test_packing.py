@@ -123,7 +123,8 @@ def test_a_small_budget_defers_segments_and_a_row_over_it_is_one_clear_error(tin
                 if not isinstance(op, Restore) and op.tree.record is not None}
     restored = {op.segment: i for i, op in enumerate(ops) if isinstance(op, Restore)}
     assert deferred.keys() == restored.keys() and all(deferred[s] < restored[s] for s in deferred)
-    assert len(build(rows, "tree", 10_000)) < len(ops)  # a larger budget: fewer, larger passes
+    (whole,) = build(rows, "tree", 10_000)  # a larger budget: one pass, its two trees attended apart
+    assert len(whole.tree.blocks) == 2 and len(ops) > 1
     with pytest.raises(BudgetError, match=rf"is {longest} tokens .* budget of {longest - 1} tokens"):
         build(rows, "tree", longest - 1)
 
@@ -296,3 +297,28 @@ def test_packing_outside_the_three_names_and_a_row_over_the_budget_are_one_line_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "max_pack_tokens" in err and "budget of 64 tokens" in err, err
     assert not list((tmp_path / "runs" / "small").glob("*/*.parquet"))
+
+
+def test_bench_train_times_the_same_rows_three_ways_and_again_from_the_stored_run(tmp_path, capsys):
+    from envace.bench.train import bench_train, stored_step_rows
+    from envace.cli import main
+    from envace.config import load_toml
+
+    root = str(tmp_path / "runs")
+    train = load_toml("experiments/bfcl_turns_cpu.toml")["train"]
+    played = bench_train(model="tiny", limit=2, group_size=2, root=root, train=train, sft_tasks=1)
+    grpo = played["grpo"]
+    assert {"tree", "chain", "row", "tree, A = 0 skipped"} <= set(grpo)
+    for arm in ("tree", "chain"):  # the same gradient as every row's own pass
+        assert grpo[arm]["grad_gap"] <= TOL
+    assert grpo["tree"]["forward_tokens"] < grpo["chain"]["forward_tokens"] <= grpo["row"]["tokens"]
+    assert played["sft"]["tree"]["forward_tokens"] < played["sft"]["chain"]["forward_tokens"]
+    (run,) = [p.name for p in (tmp_path / "runs").iterdir() if p.name.startswith("bench-train-")]
+    (rows, advantages), = stored_step_rows(root, run, 1)
+    assert len(rows) == grpo["row"]["rows"] and tree_tokens(rows) == grpo["tree"]["forward_tokens"]
+    again = bench_train(model="tiny", limit=2, group_size=2, root=root, train=train, from_run=run)
+    assert again["grpo"]["tree"]["forward_tokens"] == grpo["tree"]["forward_tokens"]
+    capsys.readouterr()
+    assert main(["bench", "train", "--model", "tiny", "--steps", "0", "--root", root]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--sft-tasks" in err

@@ -197,15 +197,28 @@ def bench_train(model: str = "default", limit: int = 3, group_size: int = 8, uni
                                  "eval_every": 0, "lora": True, "rollout": {**train.get("rollout", {}),
                                  "group_size": group_size, "unit": unit, "backend": "hf"}}, where="bench train")
     base, tok = load_policy(model)
+    result: dict[str, Any] = {"grpo": {}, "sft": {}}
+    if steps:
+        result.update(_grpo_arms(base, tok, cfg, steps, from_run, root, trl, max_pack_tokens, say))
+    if sft_tasks:
+        result["sft"] = _sft_epoch(base, tok, cfg, sft_tasks, say)
+        result["sft_tree_over_chain"] = round(result["sft"]["chain"]["wall_s"] / result["sft"]["tree"]["wall_s"], 2)
+        say(f"SFT epoch tree ÷ chain wall: {result['sft_tree_over_chain']:.2f}")
+    return result
+
+
+def _grpo_arms(base, tok, cfg, steps: int, from_run: str | None, root: str, trl: bool,
+               max_pack_tokens: int | None, say) -> dict[str, Any]:
+    """The GRPO part of `bench_train`: the rows of `steps` steps, each update timed per packing arm."""
     if from_run:
         batches = stored_step_rows(root, from_run, steps)
         say(f"{len(batches)} stored GRPO step(s) of {from_run}")
     else:
-        say(f"playing {steps} GRPO step(s): {limit} {unit}(s) × G = {group_size}, temperature "
-            f"{cfg.rollout.temperature}, {model} …")
+        say(f"playing {steps} GRPO step(s): {cfg.tasks_per_step} {cfg.rollout.unit}(s) × G = "
+            f"{cfg.rollout.group_size}, temperature {cfg.rollout.temperature}, {cfg.model} …")
         run, batches = played_step_rows(cfg, steps, root, say)
         say(f"  stored as run {run}: `envace bench train --from-run {run}` times the same rows again")
-    result: dict[str, Any] = {"grpo": {}, "sft": {}}
+    result: dict[str, Any] = {}
     # Every row back-propagated (the same work for all three), then the trainer's default: rows with A = 0 skipped.
     # The lowest expected peak first: a later phase reuses freed memory, so it can only under-read its own peak.
     arms = {"tree": ("tree", False), "chain": ("chain", False), "row": ("row", False),
@@ -213,29 +226,10 @@ def bench_train(model: str = "default", limit: int = 3, group_size: int = 8, uni
     totals: dict[str, dict[str, float]] = {k: {"rows": 0, "rows_skipped": 0, "tokens": 0, "forward_tokens": 0,
                                                "wall_s": 0.0, "peak_mib": 0.0, "grad_gap": 0.0} for k in arms}
     for k, (rows, advantages) in enumerate(batches):
-        row_tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-        flat = sum(a == 0.0 for a in advantages)
-        say(f"step {k}: {len(rows)} rows ({flat} with advantage 0), {row_tokens} row tokens, "
+        say(f"step {k}: {len(rows)} rows ({advantages.count(0.0)} with advantage 0), "
+            f"{sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} row tokens, "
             f"{tree_tokens(rows)} distinct prefix tokens")
-        compared = advantages
-        if not any(advantages):  # no gradient to compare: the mechanisms are compared under A = ±0.5 instead
-            compared = [0.5 if i % 2 else -0.5 for i in range(len(rows))]
-            say("  every advantage is 0: row, chain and tree are compared with A = ±0.5 alternating by row")
-        grads = {}
-        for arm, (packing, skip) in arms.items():
-            stats, grads[arm] = _update(base, rows, advantages if skip else compared, tok.pad_token_id, packing,
-                                        cfg.lr, max_pack_tokens, skip)
-            t = totals[arm]
-            t["rows"] += len(rows)
-            t["rows_skipped"] += stats["rows_skipped"]
-            t["tokens"] += row_tokens
-            t["forward_tokens"] += stats["forward_tokens"]
-            t["wall_s"] += stats["wall_s"]
-            t["peak_mib"] = max(t["peak_mib"], stats["peak_mib"])
-            say(f"  {arm}: {stats['packs']} forward passes, {stats['forward_tokens']} tokens, "
-                f"{stats['wall_s']:.1f} s, peak +{stats['peak_mib']:.0f} MiB")
-        for arm in ("tree", "chain", "row"):  # the skipping arm's own exactness is a test (tests/test_grpo.py)
-            totals[arm]["grad_gap"] = max(totals[arm]["grad_gap"], _relative_gap(grads[arm], grads["row"]))
+        _time_step(base, tok, rows, advantages, cfg.lr, max_pack_tokens, arms, totals, say)
     del totals["tree, A = 0 skipped"]["grad_gap"]
     if trl:
         totals["trl"] = _trl_totals(base, tok, batches)
@@ -246,11 +240,31 @@ def bench_train(model: str = "default", limit: int = 3, group_size: int = 8, uni
                                                max(totals["tree, A = 0 skipped"]["wall_s"], 1e-9), 2)
     say(f"tree ÷ chain wall: {result['tree_over_chain']:.2f} (every row back-propagated); with the rows whose "
         f"advantage is 0 skipped: {result['skipping_tree_over_chain']:.2f}")
-    if sft_tasks:
-        result["sft"] = _sft_epoch(base, tok, cfg, sft_tasks, say)
-        result["sft_tree_over_chain"] = round(result["sft"]["chain"]["wall_s"] / result["sft"]["tree"]["wall_s"], 2)
-        say(f"SFT epoch tree ÷ chain wall: {result['sft_tree_over_chain']:.2f}")
     return result
+
+
+def _time_step(base, tok, rows: list[Row], advantages: list[float], lr: float, max_pack_tokens: int | None,
+               arms: dict[str, tuple[str, bool]], totals: dict[str, dict[str, float]], say) -> None:
+    """One step's update under every arm, added into `totals`; each arm's gradient against `row`'s."""
+    compared = advantages
+    if not any(advantages):  # no gradient to compare: the mechanisms are compared under A = ±0.5 instead
+        compared = [0.5 if i % 2 else -0.5 for i in range(len(rows))]
+        say("  every advantage is 0: row, chain and tree are compared with A = ±0.5 alternating by row")
+    grads = {}
+    for arm, (packing, skip) in arms.items():
+        stats, grads[arm] = _update(base, rows, advantages if skip else compared, tok.pad_token_id, packing, lr,
+                                    max_pack_tokens, skip)
+        t = totals[arm]
+        t["rows"] += len(rows)
+        t["rows_skipped"] += stats["rows_skipped"]
+        t["tokens"] += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+        t["forward_tokens"] += stats["forward_tokens"]
+        t["wall_s"] += stats["wall_s"]
+        t["peak_mib"] = max(t["peak_mib"], stats["peak_mib"])
+        say(f"  {arm}: {stats['packs']} forward passes, {stats['forward_tokens']} tokens, "
+            f"{stats['wall_s']:.1f} s, peak +{stats['peak_mib']:.0f} MiB")
+    for arm in ("tree", "chain", "row"):  # the skipping arm's own exactness is a test (tests/test_packing.py)
+        totals[arm]["grad_gap"] = max(totals[arm]["grad_gap"], _relative_gap(grads[arm], grads["row"]))
 
 
 def _table(say, title: str, totals: dict[str, dict[str, float]]) -> None:

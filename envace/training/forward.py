@@ -69,16 +69,19 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         gqa = {"enable_gqa": True}
     elif groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    segments = state.layout.segments
-    if len(segments) == 1 and len(segments[0].keys) == 1:  # one segment with nothing above it: plain causal
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True,
-                                                               scale=scaling, **gqa)
-    else:
-        if state.mask is None:
-            state.mask = pack_mask(state.layout, key.shape[2], key.device)
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=state.mask,
-                                                               dropout_p=dropout, scale=scaling, **gqa)
-    return out.transpose(1, 2).contiguous(), None
+    if state.mask is None:  # one mask for every layer of the pack
+        state.mask = pack_mask(state.layout, key.shape[2], key.device)
+    above = key.shape[2] - query.shape[2]  # the deferred segments' keys, first on the key axis
+    runs = {(seg.start, seg.end) for seg in state.layout.segments}
+    outs = []
+    for a, b in state.layout.blocks:  # separate trees attend on their own; with keys above, the pack is one block
+        lo, hi = (0, above + b) if above else (a, b)
+        causal = not above and (a, b) in runs  # a block of one run of tokens: plain causal attention
+        mask = None if causal else state.mask[a:b, lo:hi]
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, dropout_p=dropout,
+            is_causal=causal, scale=scaling, **gqa))
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def pack_mask(layout: TreeLayout, keys: int, device) -> torch.Tensor:

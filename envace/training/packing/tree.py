@@ -54,11 +54,14 @@ class SegmentKeys:
 @dataclass(frozen=True)
 class TreeLayout:
     """A pack's tree-shaped attention: its segments, the deferred segments whose keys and values come first on
-    the key axis, and the segment whose keys and values are recorded for its children (a deferred pack)."""
+    the key axis, the segment whose keys and values are recorded for its children (a deferred pack), and the
+    pack's *blocks*: token ranges no other range attends to (the separate trees of a pack with nothing deferred
+    above it; the whole pack otherwise), each attended on its own."""
 
     segments: tuple[SegmentKeys, ...]
     external: tuple[int, ...] = ()
     record: int | None = None
+    blocks: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -199,15 +202,26 @@ class _Planner:
         return out
 
     def _pack(self, tops: list[int], above: list[int], record: int | None = None) -> Pack:
+        """The pack of the subtrees `tops` (of segment `record` alone, when it is deferred) below `above`."""
         inside = [s for top in tops for s in ([top] if record is not None else self._subtree(top))]
-        external: list[int] = []
-        if self.recompute:
+        if self.recompute:  # the path is forwarded again; its scored tokens go to the first pack that holds it
             scored = {s for s in above if s in self.unscored} | set(inside)
             self.unscored -= scored
-            inside, scored_segments = list(above) + inside, scored
+            external, inside = [], list(above) + inside
         else:
-            external, scored_segments = list(above), set(inside)
-        key_at: dict[int, tuple[int, int]] = {}  # segment -> its range on the key axis
+            external, scored = list(above), set(inside)
+        ids, positions, local, layout = self._lay_out(inside, external)
+        blocks = [(0, len(ids))]
+        if not external and not (self.recompute and above):  # separate trees: each its own block
+            starts = [seg.start for seg, s in zip(layout, inside, strict=True) if self.segs.parent[s] < 0]
+            blocks = list(zip(starts, starts[1:] + [len(ids)], strict=True))
+        return Pack(ids, positions, *self._entries([s for s in inside if s in scored], local),
+                    TreeLayout(tuple(layout), tuple(external), record, tuple(blocks)))
+
+    def _lay_out(self, inside: list[int], external: list[int]):
+        """Tokens and depths of the pack's segments in order, each node's index in it, and each segment's keys
+        (the external segments take the first places on the key axis)."""
+        key_at: dict[int, tuple[int, int]] = {}
         offset = 0
         for s in external + inside:
             key_at[s] = (offset, offset + self.segs.length(s))
@@ -224,21 +238,22 @@ class _Planner:
                 ids.append(self.trie.ids[node])
                 positions.append(self.trie.depth[node])
             layout.append(SegmentKeys(start, len(ids), _merged([key_at[p] for p in self.segs.path(s)] + [key_at[s]])))
+        return ids, positions, local, layout
+
+    def _entries(self, segments: list[int], local: dict[int, int]):
+        """(src, tgt, entry_row, entry_token, entry_node) of the tokens these segments' nodes predict."""
         src, tgt, entry_row, entry_token, entry_node = [], [], [], [], []
         index: dict[int, int] = {}
-        for s in inside:
-            if s not in scored_segments:
-                continue
+        for s in segments:
             for row, t, node in self.scored[s]:
-                if node not in index:
+                if node not in index:  # a token several rows own is scored once
                     index[node] = len(src)
                     src.append(local[self.trie.parent[node]])
                     tgt.append(self.trie.ids[node])
                 entry_row.append(row)
                 entry_token.append(t)
                 entry_node.append(index[node])
-        return Pack(ids, positions, src, tgt, entry_row, entry_token, entry_node,
-                    TreeLayout(tuple(layout), tuple(external), record))
+        return src, tgt, entry_row, entry_token, entry_node
 
 
 def _merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
