@@ -13,15 +13,17 @@ model, as the CPU recipe trains) and takes one AdamW step over the same rows:
   as its `per_device_train_batch_size = 1` would, then backward and AdamW.
 
 Row-tokens/s counts every row's prompt + completion tokens (the work a per-row trainer does) over wall
-time; peak memory is the resident-set high-water mark above the level before the phase, sampled, after
-freed heap was handed back. Max |Δgrad| is the largest difference of any trainable gradient from
-`row`'s, relative to the norm of `row`'s gradient. `--sft-tasks K` adds one SFT epoch of K train tasks'
-reference rows, the same optimiser steps under `chain` and `tree`.
+time; peak memory is the high-water mark above the level before the phase, sampled every 50 ms, of the heap
+in use (malloc'd and not freed: what a strategy holds at once) and of the resident set (after freed heap was
+handed back; it also depends on what earlier phases left to reuse). Max |Δgrad| is the largest difference of
+any trainable gradient from `row`'s, relative to the norm of `row`'s gradient. `--sft-tasks K` adds one SFT
+epoch of K train tasks' reference rows, the same optimiser steps under `chain` and `tree`.
 """
 
 from __future__ import annotations
 
 import copy
+import ctypes
 import tempfile
 import threading
 import time
@@ -39,32 +41,70 @@ from envace.training.packing.tree import tree_tokens
 from envace.training.rows import reference_rows
 
 
-class _PeakRSS:
-    """Resident-set high-water mark above the starting level while the block runs (MiB)."""
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    def __enter__(self) -> _PeakRSS:
+
+def _heap_in_use() -> int | None:
+    """Bytes the process has malloc'd and not freed (glibc's mallinfo2: arenas' chunks in use + mmap'd chunks),
+    where torch's CPU tensors live; None off glibc."""
+    global _MALLINFO2
+    if _MALLINFO2 is None:
+        try:
+            _MALLINFO2 = ctypes.CDLL("libc.so.6").mallinfo2
+            _MALLINFO2.restype = _Mallinfo2
+        except (OSError, AttributeError):
+            _MALLINFO2 = False
+    if not _MALLINFO2:
+        return None
+    info = _MALLINFO2()
+    return info.uordblks + info.hblkhd
+
+
+_MALLINFO2 = None
+
+
+class _Peak:
+    """High-water marks above the starting level while the block runs (MiB), sampled every 50 ms: of the heap
+    in use (what the strategy holds at once, the comparison) and of the resident set (which also depends on how
+    the allocator reuses what earlier phases freed: ±600 MiB from one run to the next here)."""
+
+    def __enter__(self) -> _Peak:
         import psutil
 
         self._proc = psutil.Process()
-        self._base = self._proc.memory_info().rss
-        self.peak = self._base
+        self._rss0, self._heap0 = self._proc.memory_info().rss, _heap_in_use()
+        self._rss, self._heap = self._rss0, self._heap0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
+    def _read(self) -> None:
+        self._rss = max(self._rss, self._proc.memory_info().rss)
+        if self._heap is not None:
+            self._heap = max(self._heap, _heap_in_use() or 0)
+
     def _sample(self) -> None:
         while not self._stop.wait(0.05):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+            self._read()
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
+        self._read()
 
     @property
     def mib(self) -> float:
-        return (self.peak - self._base) / 2**20
+        """The heap's peak above the start (the resident set's where mallinfo2 is missing)."""
+        if self._heap is None:
+            return self.rss_mib
+        return (self._heap - self._heap0) / 2**20
+
+    @property
+    def rss_mib(self) -> float:
+        return (self._rss - self._rss0) / 2**20
 
 
 def _trl_trainer(model, tok, out_dir: str):
@@ -97,18 +137,17 @@ def _trl_update(trainer, rows: list[Row], advantages: list[float]) -> None:
     optimizer.step()
 
 
-def _timed(step: Callable[[], Any]) -> tuple[float, float, Any]:
-    """(wall seconds, peak resident MiB above the start, what `step` returned)."""
-    with _PeakRSS() as mem:
+def _timed(step: Callable[[], Any]) -> tuple[float, _Peak, Any]:
+    """(wall seconds, the memory peaks above the start, what `step` returned)."""
+    with _Peak() as mem:
         start = time.perf_counter()
         value = step()
         seconds = time.perf_counter() - start
-    return seconds, mem.mib, value
+    return seconds, mem, value
 
 
 def _free() -> None:
     """Give freed heap back to the OS, so the next phase's resident-set peak starts from what is in use."""
-    import ctypes
     import gc
 
     gc.collect()
@@ -166,12 +205,12 @@ def _update(base, rows: list[Row], advantages: list[float], pad: int, packing: s
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     _free()
     stats: dict[str, Any] = {}
-    with _PeakRSS() as mem:
+    with _Peak() as mem:
         started = time.perf_counter()
         stats = grpo_step(model, optimizer, rows, advantages, pad, packing=packing, max_pack_tokens=max_pack_tokens,
                           skip_flat=skip_flat)
         stats["wall_s"] = time.perf_counter() - started
-    stats["peak_mib"] = mem.mib
+    stats["peak_mib"], stats["peak_rss_mib"] = mem.mib, mem.rss_mib
     return stats, _grads(model)
 
 
@@ -224,7 +263,8 @@ def _grpo_arms(base, tok, cfg, steps: int, from_run: str | None, root: str, trl:
     arms = {"tree": ("tree", False), "chain": ("chain", False), "row": ("row", False),
             "tree, A = 0 skipped": ("tree", True)}
     totals: dict[str, dict[str, float]] = {k: {"rows": 0, "rows_skipped": 0, "tokens": 0, "forward_tokens": 0,
-                                               "wall_s": 0.0, "peak_mib": 0.0, "grad_gap": 0.0} for k in arms}
+                                               "recomputed_tokens": 0, "wall_s": 0.0, "peak_mib": 0.0,
+                                               "peak_rss_mib": 0.0, "grad_gap": 0.0} for k in arms}
     for k, (rows, advantages) in enumerate(batches):
         say(f"step {k}: {len(rows)} rows ({advantages.count(0.0)} with advantage 0), "
             f"{sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} row tokens, "
@@ -259,36 +299,42 @@ def _time_step(base, tok, rows: list[Row], advantages: list[float], lr: float, m
         t["rows_skipped"] += stats["rows_skipped"]
         t["tokens"] += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         t["forward_tokens"] += stats["forward_tokens"]
+        t["recomputed_tokens"] += stats["recomputed_tokens"]
         t["wall_s"] += stats["wall_s"]
         t["peak_mib"] = max(t["peak_mib"], stats["peak_mib"])
-        say(f"  {arm}: {stats['packs']} forward passes, {stats['forward_tokens']} tokens, "
-            f"{stats['wall_s']:.1f} s, peak +{stats['peak_mib']:.0f} MiB")
+        t["peak_rss_mib"] = max(t["peak_rss_mib"], stats["peak_rss_mib"])
+        say(f"  {arm}: {stats['packs']} forward passes, {stats['forward_tokens']} tokens "
+            f"({stats['recomputed_tokens']} of them forwarded again in their deferred backward), "
+            f"{stats['wall_s']:.1f} s, peak +{stats['peak_mib']:.0f} MiB in use, +{stats['peak_rss_mib']:.0f} MiB "
+            f"resident")
     for arm in ("tree", "chain", "row"):  # the skipping arm's own exactness is a test (tests/test_packing.py)
         totals[arm]["grad_gap"] = max(totals[arm]["grad_gap"], _relative_gap(grads[arm], grads["row"]))
 
 
 def _table(say, title: str, totals: dict[str, dict[str, float]]) -> None:
-    say(f"{title}: strategy | rows | rows skipped (A = 0) | tokens forwarded | wall s | row-tokens/s | peak MiB | "
-        f"max |Δgrad| / ‖grad‖ vs row")
+    say(f"{title}: strategy | rows | rows skipped (A = 0) | tokens forwarded | wall s | row-tokens/s | "
+        f"peak MiB in use | peak MiB resident | max |Δgrad| / ‖grad‖ vs row")
     for name, t in totals.items():
         gap = f"{t['grad_gap']:.1e}" if "grad_gap" in t else "–"
         say(f"  {name} | {t['rows']} | {t.get('rows_skipped', '–')} | {t.get('forward_tokens', '–')} | "
-            f"{t['wall_s']:.1f} | {t['tokens'] / max(t['wall_s'], 1e-9):.1f} | {t['peak_mib']:.0f} | {gap}")
+            f"{t['wall_s']:.1f} | {t['tokens'] / max(t['wall_s'], 1e-9):.1f} | {t['peak_mib']:.0f} | "
+            f"{t['peak_rss_mib']:.0f} | {gap}")
 
 
 def _trl_totals(base, tok, batches) -> dict[str, float]:
-    totals = {"rows": 0, "tokens": 0, "wall_s": 0.0, "peak_mib": 0.0}
+    totals = {"rows": 0, "tokens": 0, "wall_s": 0.0, "peak_mib": 0.0, "peak_rss_mib": 0.0}
     for rows, advantages in batches:
         torch.manual_seed(0)
         model = add_lora(copy.deepcopy(base), 16)
         with tempfile.TemporaryDirectory() as out_dir:
             trainer = _trl_trainer(model, tok, out_dir)
             _free()
-            seconds, mib, _ = _timed(lambda t=trainer, r=rows, a=advantages: _trl_update(t, r, a))
+            seconds, mem, _ = _timed(lambda t=trainer, r=rows, a=advantages: _trl_update(t, r, a))
         totals["rows"] += len(rows)
         totals["tokens"] += sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
         totals["wall_s"] += seconds
-        totals["peak_mib"] = max(totals["peak_mib"], mib)
+        totals["peak_mib"] = max(totals["peak_mib"], mem.mib)
+        totals["peak_rss_mib"] = max(totals["peak_rss_mib"], mem.rss_mib)
     return totals
 
 
@@ -320,10 +366,12 @@ def _sft_epoch(base, tok, cfg, tasks: int, say) -> dict[str, dict[str, float]]:
         model.train()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
         _free()
-        seconds, mib, forwarded = _timed(lambda m=model, o=optimizer, p=packing: _sft_steps(m, o, rows, chunks, tok, p))
-        out[packing] = {"rows": len(rows), "forward_tokens": forwarded, "wall_s": seconds, "peak_mib": mib,
+        seconds, mem, forwarded = _timed(lambda m=model, o=optimizer, p=packing: _sft_steps(m, o, rows, chunks, tok, p))
+        out[packing] = {"rows": len(rows), "forward_tokens": forwarded, "wall_s": seconds, "peak_mib": mem.mib,
+                        "peak_rss_mib": mem.rss_mib,
                         "tokens": sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)}
-        say(f"  SFT {packing}: {forwarded} tokens forwarded, {seconds:.1f} s, peak +{mib:.0f} MiB")
+        say(f"  SFT {packing}: {forwarded} tokens forwarded, {seconds:.1f} s, peak +{mem.mib:.0f} MiB in use, "
+            f"+{mem.rss_mib:.0f} MiB resident")
     _table(say, "one SFT epoch", out)
     return out
 

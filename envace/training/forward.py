@@ -7,7 +7,9 @@ head alone), so the head's memory is `chunk × vocab`, whatever the number of co
 A tree pack (`packing.tree`) runs every attention layer through `tree_attention`, registered with
 transformers' attention interface: one `scaled_dot_product_attention` call over the pack with its
 tree mask (a token sees its ancestors and itself; position id = depth), so its hidden state is the
-one its row's own forward pass gives. Keys and values of segments forwarded earlier (deferred,
+one its row's own forward pass gives. Trees of one pack share no keys: each is its own call (a tree
+that is one run of tokens, plain causal attention), so a pack of many small trees does not pay for a
+mask of their product. Keys and values of segments forwarded earlier (deferred,
 `packing.tree.Restore`) come first on the key axis: they are detached *leaves*, so a child pack's
 backward pass leaves their gradient on them, and `restore` runs the deferred segment's own backward
 pass with it (gradient restoration: exact).
@@ -42,7 +44,7 @@ class TreeState:
     layout: TreeLayout
     leaves: dict[int, list[tuple[torch.Tensor, torch.Tensor]]]  # deferred segment -> per layer (keys, values)
     recorded: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    mask: torch.Tensor | None = None  # built once, read by every layer
+    masks: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # per block, read by every layer
     layers: int = 0
 
 
@@ -69,30 +71,38 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         gqa = {"enable_gqa": True}
     elif groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    if state.mask is None:  # one mask for every layer of the pack
-        state.mask = pack_mask(state.layout, key.shape[2], key.device)
     above = key.shape[2] - query.shape[2]  # the deferred segments' keys, first on the key axis
     runs = {(seg.start, seg.end) for seg in state.layout.segments}
     outs = []
     for a, b in state.layout.blocks:  # separate trees attend on their own; with keys above, the pack is one block
         lo, hi = (0, above + b) if above else (a, b)
         causal = not above and (a, b) in runs  # a block of one run of tokens: plain causal attention
-        mask = None if causal else state.mask[a:b, lo:hi]
+        if not causal and (a, b) not in state.masks:
+            # additive and built once for every layer: SDPA would turn a boolean mask into a float copy per
+            # layer call, each kept for the backward pass (layers × tokens × keys × 4 bytes)
+            seen = pack_mask(state.layout, (a, b), (lo, hi), key.device)
+            state.masks[a, b] = torch.zeros(seen.shape, dtype=query.dtype, device=key.device).masked_fill_(
+                ~seen, float("-inf"))
+        mask = None if causal else state.masks[a, b]
         outs.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, a:b], key[:, :, lo:hi], value[:, :, lo:hi], attn_mask=mask, dropout_p=dropout,
             is_causal=causal, scale=scaling, **gqa))
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
 
 
-def pack_mask(layout: TreeLayout, keys: int, device) -> torch.Tensor:
-    """[pack tokens × keys] booleans: a token sees its ancestors' keys and, causally, its own segment's."""
-    n = layout.segments[-1].end
-    mask = torch.zeros(n, keys, dtype=torch.bool, device=device)
+def pack_mask(layout: TreeLayout, block: tuple[int, int], keys: tuple[int, int], device) -> torch.Tensor:
+    """[block's tokens × keys] booleans: a token sees its ancestors' keys and, causally, its own segment's
+    (`keys`: the block's range on the key axis, which holds every key its segments see)."""
+    (a, b), (k0, k1) = block, keys
+    mask = torch.zeros(b - a, k1 - k0, dtype=torch.bool, device=device)
     for seg in layout.segments:
+        if not a <= seg.start < b:  # blocks hold whole segments
+            continue
+        rows = slice(seg.start - a, seg.end - a)
         for lo, hi in seg.keys[:-1]:
-            mask[seg.start:seg.end, lo:hi] = True
+            mask[rows, lo - k0:hi - k0] = True
         lo, hi = seg.keys[-1]
-        mask[seg.start:seg.end, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=device).tril()
+        mask[rows, lo - k0:hi - k0] = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=device).tril()
     return mask
 
 
@@ -164,14 +174,24 @@ def forward(model, pack: Pack, leaves: dict, chunk: int = 256) -> Forwarded:
     if pack.tree is not None:
         state = TreeState(pack.tree, leaves)
         extra["envace_tree"] = state
-    out = model(input_ids=ids, position_ids=positions, output_hidden_states=True, logits_to_keep=1, **extra)
-    hidden = out.hidden_states[-1][0]
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        out = model(input_ids=ids, position_ids=positions, output_hidden_states=True, logits_to_keep=1,
+                    use_cache=False, **extra)
+        return out.hidden_states[-1][0], out.logits[0, -1:]
+
+    if state is not None and pack.tree.record is not None and torch.is_grad_enabled():
+        # A deferred segment's graph waits for its children: keep only its inputs and recompute its activations
+        # in its backward pass (`restore`), so the path above a pack holds keys and values, not activations
+        # (each level would otherwise also hold its own copy of every key above it).
+        hidden, last = checkpoint(run, use_reentrant=False)
+    else:
+        hidden, last = run()
     with torch.no_grad():  # the model's own last logits must be its head on the last hidden state: no soft-cap
         own = model.get_output_embeddings()(hidden[-1:]).float()
-        if torch.isfinite(own).all() and not torch.allclose(own, out.logits[0, -1:].float(), rtol=1e-3, atol=1e-3):
+        if torch.isfinite(own).all() and not torch.allclose(own, last.float(), rtol=1e-3, atol=1e-3):
             raise UsageError(f"{type(model).__name__}: its logits are not its output embedding of its last hidden "
                              f"state (a final soft-cap or scale?), which this trainer's loss assumes")
-    del out
     logp, entropy = scored_logprobs(model, hidden[torch.tensor(pack.src, dtype=torch.long, device=device)],
                                     torch.tensor(pack.tgt, dtype=torch.long, device=device), chunk)
     recorded = None

@@ -131,6 +131,7 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
         sums["passes"] += 1
         sums["forward_tokens"] += len(op.ids)
         if forwarded.recorded is not None:
+            sums["recomputed_tokens"] += len(op.ids) * torch.is_grad_enabled()  # forwarded again by `restore`
             leaves[op.tree.record] = fwd.leaves_of(forwarded.recorded)
             deferred[op.tree.record] = (loss, forwarded.recorded, leaves[op.tree.record])
         elif loss.requires_grad:
@@ -174,7 +175,7 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
     moves = [(a != 0.0 and bool(r.completion_ids)) or not skip_flat for r, a in zip(rows, advantages, strict=True)]
     trained = [i for i, m in enumerate(moves) if m]
     flat = [i for i, m in enumerate(moves) if not m]
-    sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens"), 0)
+    sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens", "recomputed_tokens"), 0)
     with fwd.tree_attention_on(model) if packing == "tree" else nullcontext():
         finite = _passes(model, [rows[i] for i in trained], [advantages[i] for i in trained], total_rows, processes,
                          importance_cap, packing, max_pack_tokens, chunk, pad_id, sums)
@@ -187,6 +188,7 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
     out = {"loss": sums["loss"] * total_rows / max(len(rows), 1), "tokens": sums["tokens"],
            "entropy": (sums["entropy_sum"] + metrics["entropy_sum"]) / max(tokens, 1),
            "packs": sums["passes"], "forward_tokens": sums["forward_tokens"],
+           "recomputed_tokens": sums["recomputed_tokens"],
            "rows_backpropagated": len(trained), "rows_skipped": len(flat), "finite": finite}
     measured = sums["behaviour_tokens"] + metrics["behaviour_tokens"]
     if measured:  # the sampler's log-probs against the trainer's, over the tokens that have them
