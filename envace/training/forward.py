@@ -12,11 +12,12 @@ that is one run of tokens, plain causal attention), so a pack of many small tree
 mask of their product. Keys and values of segments forwarded earlier (deferred,
 `packing.tree.Restore`) come first on the key axis: they are detached *leaves*, so a child pack's
 backward pass leaves their gradient on them, and `restore` runs the deferred segment's own backward
-pass with it (gradient restoration: exact).
+pass with it (gradient restoration: exact), recomputing its activations: a deferred pack keeps only
+its inputs (activation checkpointing), so the path above a pack costs its keys and values alone.
 
 Why a mask over the pack rather than one call per segment (each over its ancestors' keys gathered,
 its own causally): on this CPU the update of a real GRPO step took 75.8 s with the mask and 80.4 s
-per segment, at 3,778 against 5,863 MiB peak, since every segment's gathered keys are kept for the
+per segment, at 3,778 against 5,863 MiB peak resident (measured at commit 3503f5d), since every segment's gathered keys are kept for the
 backward pass (docs/benchmarks.md). Packs are small (the budget defers long shared prefixes), so the
 masked-out pairs cost little; on a GPU the same layout would give FlexAttention a block mask
 (`kv ≤ q < end(kv)` in preorder), which skips them.

@@ -9,10 +9,11 @@ nodes with one child each), and the segments are forwarded in packs:
   `envace.training.forward`), at position id = its depth, so its hidden state is the one the row's
   own forward pass would give;
 * a subtree that does not fit the token budget is split below its top segment: that segment is
-  forwarded alone and *deferred* (its graph kept), each child subtree is trained attending to the
-  deferred keys and values (detached leaves that collect their gradient), and the segment's backward
-  runs last with those gradients (`Restore`): every shared token is computed once and its gradient is
-  the sum over the rows below it, exactly. Only the path from the root to the current pack is alive,
+  forwarded alone and *deferred* (its keys and values kept; its activations are recomputed in its
+  backward pass), each child subtree is trained attending to the deferred keys and values (detached
+  leaves that collect their gradient), and the segment's backward runs last with those gradients
+  (`Restore`): every shared token's gradient is the sum over the rows below it, exactly, and only
+  deferred segments are forwarded twice. Only the path from the root to the current pack is alive,
   so memory is bounded by the budget, never by the tree.
 
 Under FSDP every process must issue its per-layer collectives in the same order, which deferred
