@@ -19,7 +19,8 @@ Why a mask over the pack rather than one call per segment (each over its ancesto
 its own causally): on this CPU the update of a real GRPO step took 75.8 s with the mask and 80.4 s
 per segment, at 3,778 against 5,863 MiB peak resident (measured at commit 3503f5d), since every
 segment's gathered keys are kept for the backward pass (docs/benchmarks.md). Packs are small (the
-budget defers long shared prefixes), so the masked-out pairs cost little; on a GPU the same layout would give FlexAttention a block mask
+budget defers long shared prefixes), so the masked-out pairs cost little; on a GPU the same layout
+would give FlexAttention a block mask
 (`kv ≤ q < end(kv)` in preorder), which skips them.
 """
 
