@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm browser demo test test-fast lint lab bench notebooks-html clean
+.PHONY: install vllm browser transformers-5.17 gpu-rehearsal demo test test-fast lint lab bench notebooks-html clean
 
 install: $(STAMP)
 
@@ -39,6 +39,19 @@ $(VLLM_STAMP): requirements-vllm.txt
 	  || echo "note: libtcmalloc-minimal4 not installed; vLLM runs without it"
 	touch $(VLLM_STAMP)
 
+# transformers 5.17, the GPU machine's release, beside the project's (PYTHONPATH, for the GPU rehearsal only):
+# the calls that differ between releases are checked against it. huggingface_hub 1.x is the one 5.17 accepts.
+TF517 := $(VENV)/transformers-5.17
+transformers-5.17: $(TF517)/.installed
+
+$(TF517)/.installed: $(STAMP)
+	$(BIN)/pip install -q --no-deps --upgrade --target $(TF517) transformers==5.17.0 huggingface_hub==1.33.0
+	touch $@
+
+# The GPU path rehearsed on this CPU (tests/test_gpu_rehearsal.py says what each check would have caught).
+gpu-rehearsal: install vllm transformers-5.17
+	$(BIN)/python -m pytest -q tests/test_gpu_rehearsal.py
+
 # Debian's chromium and chromedriver for the app's browser test: the test itself installs nothing, and
 # no browser is downloaded from a hub. Without root or the Debian mirror the browser test skips, loudly.
 browser:
@@ -51,7 +64,7 @@ demo: install
 	$(BIN)/python -u -m envace.demo
 
 # The whole suite, slow default-model tests included, after the linter.
-test: install browser vllm
+test: install browser vllm transformers-5.17
 	$(BIN)/ruff check envace workbench apps tests
 	$(BIN)/python -m pytest -q tests
 

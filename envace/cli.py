@@ -96,7 +96,7 @@ class _LiveReporter(Reporter):
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
                   "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns", "backend",
-                  "thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to")
+                  "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to")
 _PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
                   "measure_change": "measure_change"}  # flag → field of [rollout.private]
 _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",
@@ -530,6 +530,26 @@ def _port(text: str) -> int:
     return port
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise UsageError(f"--gpu-memory: expected a share of the GPU's memory in (0, 1), got '{text}'")
+    return value
+
+
+def _devices(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0:
+        raise UsageError(f"--gpus: expected GPU indices like 0 or 0,1, got '{text}'")
+    return ids
+
+
 def _host(text: str) -> str:
     if text != "localhost":
         try:
@@ -548,7 +568,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.lora is not None and not 1 <= args.lora <= vllm.MAX_LORA_RANK:
         raise UsageError(f"--lora: adapter rank must be in 1..{vllm.MAX_LORA_RANK}, got {args.lora}")
     server = vllm.start(model_dir(args.model), name=args.name, port=args.port, host=args.host, lora_rank=args.lora,
-                        max_model_len=args.max_model_len, dtype=args.dtype)
+                        max_model_len=args.max_model_len, dtype=args.dtype, gpu_memory=args.gpu_memory,
+                        devices=args.gpus)
     print(f"serving {args.model} as '{args.name}' at {server.url} (Ctrl-C stops it); use it with "
           f"--model '{server.url}?model={args.name}&tokenizer={args.model}'", flush=True)
     vllm.serve_forever(server)
@@ -710,6 +731,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="context length (default: the model's own, at most 32768)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights' dtype (default: float32; bfloat16 on a GPU)")
+    p.add_argument("--gpu-memory", type=_share, default=0.9, metavar="SHARE",
+                   help="share of each GPU's memory the server may take, in (0, 1) (default: 0.9; lower it "
+                        "when a trainer shares the GPU)")
+    p.add_argument("--gpus", type=_devices, default=None, metavar="IDS",
+                   help="GPUs the server sees, comma-separated (several: tensor parallel; default: GPU 0)")
     p.set_defaults(func=cmd_serve)
     p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
     p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")

@@ -245,6 +245,12 @@ class RolloutConfig(Config):
     decision_sample: float = doc("share of pairs forked to test whether the next action changes", 0.0)
     thinking: bool = doc("let models with a thinking mode (Qwen3) think before answering; `<think>` blocks are "
                          "stripped before any output is parsed", False)
+    past_thinking: Literal["keep", "drop"] = doc(
+        "the caller's messages of past user turns: keep (as sampled, `<think>` blocks and all: the context "
+        "grows by every thought, each prompt extends the previous one) | drop (re-rendered as the chat "
+        "template renders them, Qwen3's without their `<think>` block, when a user turn starts: the model's "
+        "usual context, but a turn's prompt no longer extends the last, so prefix caches and tree packing "
+        "share less across turns)", "keep")
     backend: Literal["hf", "vllm"] = doc("generation: hf (transformers in this process) | vllm (a vLLM server "
                                          "started for the model from .venv-vllm, see `make vllm`)", "hf")
     report_to: Literal["none", "trackio", "tensorboard", "wandb"] = doc(
@@ -365,6 +371,15 @@ class TrainConfig(Config):
     vllm_importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
                                             "(vLLM's differ slightly from the trainer's): each token's weight is "
                                             "min(pi/pi_sampler, cap); unset = off", None)
+    vllm_gpu_memory: float = doc("share of each GPU's memory a vLLM server started by this run may take "
+                                 "(vLLM's gpu_memory_utilization), in (0, 1): the trainer lives in the rest when "
+                                 "they share a GPU; ignored on CPU", 0.4)
+    vllm_devices: list[int] | None = doc("GPUs of the vLLM server(s) this run starts (indices as the trainer sees "
+                                         "them): one process, its server's GPUs (several: tensor parallel); N "
+                                         "processes, one GPU per process's server; unset = each process's own "
+                                         "GPU, shared", None)
+    dist_timeout_s: float = doc("with several processes, how long a collective waits for the others before it "
+                                "fails (NCCL's default is 10 min, shorter than an evaluation)", 1800.0)
     rehearser_reward: Literal["task", "task+fidelity"] = doc(
         "task (both roles share the episode's reward, as the reference) | task+fidelity (a rehearsal whose call "
         "also ran in the real environment, rollout.shadow_fraction > 0, adds fidelity_weight × its fidelity)",
@@ -398,6 +413,12 @@ class TrainConfig(Config):
                                             not all(isinstance(u, str) and u for u in self.grpo_units)):
             raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")
         at_least(self, 1, "vllm_importance_cap")
+        if not 0 < self.vllm_gpu_memory < 1:
+            raise UsageError(f"vllm_gpu_memory: a share of the GPU's memory in (0, 1), got {self.vllm_gpu_memory!r}")
+        if self.dist_timeout_s <= 0:
+            raise UsageError(f"dist_timeout_s: must be > 0, got {self.dist_timeout_s!r}")
+        if self.vllm_devices is not None and (not self.vllm_devices or min(self.vllm_devices) < 0):
+            raise UsageError(f"vllm_devices: expected GPU indices like [1] or [0, 1], got {self.vllm_devices!r}")
         within(self, 0, 1, "real_fraction_end")
         for name in ("lr", "sft_lr"):
             if getattr(self, name) <= 0:

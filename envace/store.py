@@ -67,8 +67,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("role", pa.string()),            # caller | rehearser | user
         ("call_index", pa.int32()),       # rehearser: which call of the caller message it answers
         ("user_message", pa.string()),    # caller: the user text that opened this turn (first message only)
-        ("prompt_len", pa.int32()),       # caller: prompt = episodes.context_ids[:prompt_len]
-        ("prompt_ids", pa.list_(pa.int32())),  # rehearser and user: their own prompt (not in the caller context)
+        ("prompt_len", pa.int32()),       # caller: prompt = episodes.context_ids[:prompt_len], unless prompt_ids
+        ("prompt_ids", pa.list_(pa.int32())),  # rehearser and user: their own prompt (not in the caller context);
+        # caller: its prompt once past_thinking = "drop" re-rendered the context it was sampled from
         ("completion_ids", pa.list_(pa.int32())),
         ("completion_text", pa.string()),
         ("finish", pa.string()),          # stop | length

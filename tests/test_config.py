@@ -17,6 +17,7 @@ from envace.errors import UsageError
     ({"category": "simple"}, "category: unknown bfcl category 'simple'"),
     ({"env": "nope"}, "env: unknown env 'nope'"),
     ({"rehearser": {"fewshot": "all"}}, "fewshot: unknown choice 'all'"),
+    ({"past_thinking": "strip"}, "past_thinking: unknown choice 'strip' (choose from keep, drop)"),
     ({"private": {"budget": -1}}, "budget: must be at least 0"),
 ])
 def test_a_notebook_built_config_is_checked_too(kwargs, message):

@@ -1,5 +1,6 @@
 """The Qwen3 path on a tiny random Qwen3-architecture model: its own chat template is kept (it renders tools),
-the thinking switch reaches the template, and `<think>` blocks are stripped before any role's output is parsed."""
+the thinking switch reaches the template, `<think>` blocks are stripped before any role's output is parsed, and past
+turns keep their thinking as sampled or drop it as the template does (`past_thinking`)."""
 
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from envace.policy.tiny import build_tiny_tokenizer
 from envace.policy.tokenizer import prepare_tokenizer, tool_chat_template
 from envace.rehearsal.build import build_engine
 from envace.rehearsal.prompts import ChatRenderer
+from envace.training.rows import training_rows
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +106,93 @@ def test_a_tiny_qwen3_plays_episodes(qwen3, bfcl):
     (ep,) = build_engine(HFBackend(model, tok), bfcl, cfg).run_batch([(task, 0)])
     assert ep.generations and ep.termination in ("completed", "step_limit")
     assert all(len(g.gen.logprobs) == len(g.gen.ids) for g in ep.generations)
+
+
+class CanonicalThinker:
+    """A caller that thinks in the form Qwen3's template renders (`<think>\\nthought\\n</think>\\n\\n`), so a context
+    can be compared with the template's rendering token for token; one `ls` call per turn, then "Done."."""
+
+    max_context = None
+
+    def __init__(self, tok, thinking: bool):
+        self.tokenizer, self.thinking, self.prompts = tok, thinking, []
+        self.end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(self, prompts, params):
+        out = []
+        for prompt in prompts:
+            self.prompts.append(list(prompt))
+            done = "<tool_response>" in self.tokenizer.decode(prompt).rsplit("<|im_start|>user", 1)[-1]
+            reply = "Done." if done else '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
+            if self.thinking:
+                reply = f"<think>\nthought {len(self.prompts)}\n</think>\n\n{reply}"
+            out.append(Generation(self.tokenizer.encode(reply, add_special_tokens=False) + [self.end], reply, "stop"))
+        return out
+
+
+def _play(qwen3, bfcl, thinking: bool, past_thinking: str):
+    _, tok = qwen3
+    task = bfcl.load_tasks("multi_turn_base", "test", limit=2)[1]  # three user turns
+    backend = CanonicalThinker(tok, thinking)
+    cfg = RolloutConfig(model="tiny", mode="real", thinking=thinking, past_thinking=past_thinking, embedding=False,
+                        max_steps_per_turn=3)
+    (ep,) = build_engine(backend, bfcl, cfg).run_batch([(task, 0)])
+    callers = ep.of_role("caller")
+    assert ep.termination == "completed" and [g.turn for g in callers] == [0, 0, 1, 1, 2, 2]
+    return tok, task, backend, ep, callers
+
+
+def _templated(tok, task, ep, callers, thinking: bool) -> list[list[int]]:
+    """Each caller message's prompt as Qwen3's template renders the conversation before it (the caller's messages
+    as sampled, thinking and all: the template drops what it drops)."""
+    texts = iter(g.gen.text for g in callers)
+    conversation = [{"role": "system", "content": task.system_prompt}]
+    prompts = []
+    for who, text in ep.history:
+        if who == "Assistant":
+            prompts.append(tok.encode(tok.apply_chat_template(conversation, tools=task.tools, tokenize=False,
+                                                              add_generation_prompt=True, enable_thinking=thinking),
+                                      add_special_tokens=False))
+            conversation.append({"role": "assistant", "content": next(texts)})
+        else:
+            conversation.append({"role": "user" if who == "User" else "tool", "content": text})
+    return prompts
+
+
+def test_past_thinking_drop_renders_past_turns_as_the_template_does(qwen3, bfcl):
+    tok, task, backend, ep, callers = _play(qwen3, bfcl, thinking=True, past_thinking="drop")
+    later = tok.decode(callers[4].prompt(ep.ids))  # turn 2's first message
+    assert "thought" not in later and "<think>" not in later  # turns 0 and 1 thought 1-4
+    # every prompt is the template's rendering of the conversation so far: the thoughts of past user turns
+    # dropped, the current turn's kept
+    assert [g.prompt(ep.ids) for g in callers] == _templated(tok, task, ep, callers, thinking=True)
+    assert "thought 1" in tok.decode(callers[1].prompt(ep.ids))
+    # the rows trained are exactly the prompts the sampler saw, and the completions as sampled
+    _, rows = training_rows([ep], ("caller",))
+    assert [r.prompt_ids for r in rows] == backend.prompts
+    assert [r.completion_ids for r in rows] == [g.gen.ids for g in callers]
+    assert all(g.prompt_ids is not None for g in callers[:4])  # frozen when their turn's context was re-rendered
+
+
+def test_past_thinking_keep_is_token_in_token_out(qwen3, bfcl):
+    tok, task, backend, ep, callers = _play(qwen3, bfcl, thinking=True, past_thinking="keep")
+    assert RolloutConfig(model="tiny").past_thinking == "keep"
+    for g in callers:  # every prompt is a prefix of the one growing context, each message appended as sampled
+        assert g.prompt_ids is None and ep.ids[g.prompt_len: g.prompt_len + len(g.gen.ids)] == g.gen.ids
+    assert "thought 1" in tok.decode(callers[4].prompt(ep.ids))  # the whole thought of turn 0 stays
+    assert callers[2].prompt(ep.ids) != _templated(tok, task, ep, callers, thinking=True)[2]
+    _, rows = training_rows([ep], ("caller",))
+    assert [r.prompt_ids for r in rows] == backend.prompts
+
+
+def test_past_thinking_drop_without_thinking_drops_the_empty_think_block(qwen3, bfcl):
+    tok, task, backend, ep, callers = _play(qwen3, bfcl, thinking=False, past_thinking="drop")
+    templated = _templated(tok, task, ep, callers, thinking=False)
+    # a turn's first prompt is the template's; within a turn the context grows as sampled (Qwen3's template
+    # would also drop the empty think block of the turn's earlier messages)
+    assert [g.prompt(ep.ids) for g in callers if g.turn_step == 0] == [templated[0], templated[2], templated[4]]
+    assert tok.decode(callers[4].prompt(ep.ids)).count("<think>") == 1  # the generation prompt's own
+    _, rows = training_rows([ep], ("caller",))
+    assert [r.prompt_ids for r in rows] == backend.prompts
+    _, kept, _, kept_ep, kept_callers = _play(qwen3, bfcl, thinking=False, past_thinking="keep")
+    assert kept_callers[2].prompt(kept_ep.ids) != templated[2]  # the default keeps the empty think blocks

@@ -11,6 +11,8 @@ from envace.errors import UsageError
 from envace.policy.backend import SamplingParams
 from envace.policy.remote import RemoteBackend
 
+CARD: dict = {"id": "tiny"}  # the served model's card; a test may add the server's `max_model_len`
+
 
 @pytest.fixture(scope="module")
 def server(tiny):
@@ -29,7 +31,7 @@ def server(tiny):
             self.wfile.write(data)
 
         def do_GET(self):  # noqa: N802  (http.server's naming)
-            self._answer({"data": [{"id": "tiny"}]})
+            self._answer({"data": [CARD]})
 
         def do_POST(self):  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -64,6 +66,26 @@ def test_a_served_model_generates_what_the_local_one_does(server, tiny):
     assert sorted(b["prompt"] for b in seen[-2:]) == sorted(prompts) and {b["model"] for b in seen[-2:]} == {"tiny"}
     with pytest.raises(UsageError, match="frozen"):
         remote.generate(prompts, SamplingParams(frozen=True))
+
+
+def test_requests_sample_untruncated_within_the_servers_context(server, tiny):
+    url, _, seen = server
+    remote = RemoteBackend([url], "tiny", tiny[1])
+    CARD["max_model_len"] = 40
+    try:
+        remote.check()
+    finally:
+        del CARD["max_model_len"]
+    assert remote.max_context == 40  # read from the server's model card: the engine's context check is on
+    before = len(seen)
+    (near,) = remote.generate([list(range(5, 40))], SamplingParams(max_new_tokens=20, temperature=1.0, seed=3))
+    body = seen[-1]
+    assert body["max_tokens"] == 5  # 35 prompt tokens + 5 = the server's limit, never a 400
+    # the model's generation_config.json must add no truncation the trainer's log-probs do not know of
+    assert (body["top_k"], body["min_p"], body["repetition_penalty"]) == (-1, 0.0, 1.0)
+    assert len(near.ids) <= 5
+    (full,) = remote.generate([list(range(5, 50))], SamplingParams(max_new_tokens=20))
+    assert (full.ids, full.finish) == ([], "length") and len(seen) == before + 1  # nothing sent past the limit
 
 
 def test_the_simulated_user_can_be_served(server, tmp_path):

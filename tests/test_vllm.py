@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     logs = tmp_path_factory.mktemp("vllm")
-    pair = [vllm.launch(model_dir("tiny"), "base", lora_rank=8, log_dir=logs) for _ in range(2)]
+    pair = [vllm.launch(model_dir("tiny"), "base", lora_rank=8, log_dir=logs, gpu_memory=0.4) for _ in range(2)]
     try:
         for server in pair:
             server.ready()

@@ -84,7 +84,7 @@ def bench_rollout_vllm(model: str = "default", limit: int = 8, max_new_tokens: i
     tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
     cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
                         max_steps_per_turn=3, caller_demo=True, tool_docs="compact")
-    server = vllm.start(model_dir(model), "base", say=say)
+    server = vllm.start(model_dir(model), "base", say=say, gpu_memory=0.9)  # alone on its GPU
     try:
         remote = RemoteBackend([server.url], "base", load_tokenizer(model))
         remote.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # the server's first request warms it up

@@ -172,7 +172,7 @@ def stored_step_rows(root, run_id: str, steps: int) -> list[tuple[list[Row], lis
         "g.role, g.call_index", [run_id]).fetchall()
     by_step: dict[int, tuple[list[Row], list[float]]] = {}
     for step, episode, role, plen, pids, cids, logprobs, task, reward, adv in found:
-        prompt = list(context[episode][:plen]) if role == "caller" else list(pids)
+        prompt = list(pids) if pids is not None else list(context[episode][:plen])  # a caller's, re-rendered or not
         rows, advantages = by_step.setdefault(step, ([], []))
         rows.append(Row(task, role, prompt, list(cids), reward, list(logprobs) if logprobs is not None else None))
         advantages.append(adv)

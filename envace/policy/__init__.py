@@ -23,7 +23,8 @@ def load_backend(spec: str, max_batch_tokens: int = 32768, backend: str = "hf", 
         from envace.policy.models import load_tokenizer
         from envace.policy.specs import model_dir
 
-        server = vllm.start(model_dir(spec), name="base", lora_rank=lora_rank, dtype=dtype, say=say)
+        server = vllm.start(model_dir(spec), name="base", lora_rank=lora_rank, dtype=dtype, say=say,
+                             gpu_memory=0.9)  # the only model on its GPU
         atexit.register(server.stop)
         remote = RemoteBackend([server.url], "base", load_tokenizer(spec), servers=[server])
         remote.check()

@@ -25,15 +25,15 @@ from envace.policy.vllm import request
 
 
 class RemoteBackend:
-    max_context: int | None = None  # the server enforces its own
-
     def __init__(self, urls: list[str], model: str, tokenizer, timeout_s: float = 600.0,
-                 concurrency: int = 64, servers: list | None = None) -> None:
+                 concurrency: int = 256, servers: list | None = None) -> None:
         self.urls = [u.rstrip("/") for u in urls]
         self.servers = servers or []  # servers this program started (`vllm.Server`), stopped by `close`
         self.model = self.base_model = model  # `model` becomes an adapter's name once one is loaded
         self.tokenizer = tokenizer
+        # A step plays 128-256 episodes at once on a GPU: every one of them is a request the server can batch.
         self.timeout_s, self.concurrency = timeout_s, concurrency
+        self.max_context: int | None = None  # the servers' smallest `max_model_len`, read by `check`
         self.calls = 0
         self.end = tokenizer.convert_tokens_to_ids(END_OF_MESSAGE)
 
@@ -54,7 +54,8 @@ class RemoteBackend:
         probe = "<|im_start|>user\nenvace probe: ls(folder='Documents') 1234.5 ü<|im_end|>"
         expected = self.tokenizer.encode(probe, add_special_tokens=False)
         for url in self.urls:
-            served = [m["id"] for m in request(f"{url}/models", timeout_s=30)["data"]]
+            cards = request(f"{url}/models", timeout_s=30)["data"]
+            served = [m["id"] for m in cards]
             if self.base_model not in served:
                 raise UsageError(f"{url} does not serve '{self.base_model}' (it serves {', '.join(served)})")
             answer = request(f"{url.removesuffix('/v1')}/tokenize",
@@ -62,6 +63,11 @@ class RemoteBackend:
             if not isinstance(answer, dict) or answer.get("tokens") != expected:
                 raise UsageError(f"{url} tokenizes differently from the local tokenizer: it serves another model "
                                  "than the one named (pass ?tokenizer=SPEC for the served model)")
+            # The engine ends an episode `context_exceeded` before its prompt passes the server's limit, which
+            # vLLM would answer with a 400 in the middle of a run.
+            limit = next((m.get("max_model_len") for m in cards if m["id"] == self.base_model), None)
+            if limit:
+                self.max_context = min(self.max_context or limit, int(limit))
 
     def close(self) -> None:
         for server in self.servers:
@@ -74,8 +80,17 @@ class RemoteBackend:
         if params.frozen and self.model == self.base_model:
             raise UsageError("a frozen role generates with the base weights, but the server holds no adapter to "
                              "switch off (train with lora = true)")
+        max_tokens = params.max_new_tokens
+        if self.max_context is not None:  # a prompt near the limit gets what room is left (as HF's would)
+            max_tokens = min(max_tokens, self.max_context - len(prompt))
+            if max_tokens < 1:  # no room at all: an empty, cut-off message rather than the server's 400
+                return Generation([], "", "length", [])
+        # Sampling is exactly what is asked: no top-k, min-p or repetition penalty from the model's
+        # generation_config.json (Qwen3 ships top_k = 20), which the HF backend and the trainer's log-probs
+        # (the untruncated distribution) know nothing of. Servers started here also ignore that file.
         body = {"model": self.base_model if params.frozen else self.model, "prompt": prompt,
-                "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                "max_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                 "stop_token_ids": [self.end], "return_token_ids": True, "logprobs": 0,
                 "return_tokens_as_token_ids": True}
         if seed is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 END_OF_MESSAGE = "<|im_end|>"
 _PROBE_TOOL = {"type": "function", "function": {"name": "envace_probe_tool", "description": "probe",
                                                 "parameters": {"type": "object", "properties": {}}}}
@@ -10,11 +12,11 @@ _PROBE_TOOL = {"type": "function", "function": {"name": "envace_probe_tool", "de
 def tool_chat_template() -> str:
     """A ChatML template that renders `tools=` (SmolLM2's own template silently drops them).
 
-    TRL's Qwen2.5 template uses the same special tokens as SmolLM2 and is prefix-preserving.
+    Qwen2.5's template (the copy TRL ships as `chat_templates/qwen2_5.jinja`, kept here byte for byte so
+    that loading a tokenizer needs neither TRL nor the `datasets` it imports) uses the same special tokens
+    as SmolLM2 and is prefix-preserving.
     """
-    from trl.chat_template_utils import qwen2_5_chat_template
-
-    return qwen2_5_chat_template
+    return (Path(__file__).with_name("chatml_tools.jinja")).read_text(encoding="utf-8")
 
 
 def renders_tools(tok) -> bool:

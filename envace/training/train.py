@@ -43,7 +43,7 @@ from envace.envs import registry
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
-from envace.policy.models import add_lora, load_policy
+from envace.policy.models import add_lora, enable_checkpointing, load_policy
 from envace.rehearsal.build import build_engine
 from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
@@ -111,20 +111,31 @@ def evaluate(s: Session, updates: int) -> dict[str, float]:
     """Greedy episodes on the first `eval_limit` test tasks (`TrainConfig.evaluation`: the real environment,
     the rehearser as a shadow, leakage-free grounding), stored in the run at step `updates` with phase
     `eval`: official success, checklist, well-formed calls and the rehearser's fidelity against the real
-    environment (the ledger's own aggregate over the stored pairs)."""
+    environment (the ledger's own aggregate over the stored pairs).
+
+    Every process plays its share of the tasks and stores its own shard; the counts are summed across
+    processes, and the fidelity is read back from every process's stored pairs, so the numbers are those
+    of one process playing them all. Every process must call; the result is process 0's to write."""
     rollout, tasks = units.select(s.cfg.evaluation(), s.benchmark, s.backend.tokenizer)
+    tasks = s.procs.share(tasks)
     engine = build_engine(s.backend, s.benchmark, rollout, s.bank, id_prefix=f"eval{updates}:")
-    episodes = engine.run_batch([(t, 0) for t in tasks])
+    episodes = engine.run_batch([(t, 0) for t in tasks]) if tasks else []
     rows = [record.score(ep, rollout.mode, "eval") for ep in episodes]
     for ep, row in zip(episodes, rows, strict=True):
         rewards.share(ep.generations, row["checklist"])
     shard = f"eval-{updates:05d}"
-    record.write_step(s.run, updates, episodes, rows, shard)
-    summary = record.summarise(episodes, rows).as_dict()
+    if episodes:
+        record.write_step(s.run, updates, episodes, rows, shard + (f"-p{s.procs.rank}" if s.procs.world > 1 else ""))
+    counts = record.summarise(episodes, rows)
+    for name in ("episodes", "successes", "checklist", "caller_messages", "parse_errors", "well_formed"):
+        setattr(counts, name, s.procs.total(getattr(counts, name)))
+    summary = counts.as_dict()
     out = {k: summary[k] for k in ("success_rate", "checklist", "well_formed_rate", "parse_error_rate")}
-    pairs_shard = s.run.path / "pairs" / f"{shard}.parquet"
-    overall = ledger.means(ledger.tool_sums(duckdb.connect(), f"read_parquet('{pairs_shard}')", s.run.run_id))
-    overall = overall[overall["tool"] == "all"]
+    s.procs.wait()  # every process's pairs are stored
+    pairs = sorted((s.run.path / "pairs").glob(f"{shard}*.parquet"))
+    source = "read_parquet([" + ", ".join(f"'{p}'" for p in pairs) + "], union_by_name = true)"
+    overall = ledger.means(ledger.tool_sums(duckdb.connect(), source, s.run.run_id)) if pairs else None
+    overall = overall[overall["tool"] == "all"] if overall is not None else []
     out["pairs"] = int(overall["pairs"].iloc[0]) if len(overall) else 0
     out["rehearsal_error_rate"] = float(overall["malformed"].iloc[0]) if len(overall) else 0.0
     out.update({k: float(overall[k].iloc[0]) for k in _FIDELITY if len(overall)})
@@ -132,13 +143,11 @@ def evaluate(s: Session, updates: int) -> dict[str, float]:
 
 
 def _evaluate_at(s: Session, updates: int) -> None:
-    if not s.procs.main:  # process 0 evaluates while the others wait
-        s.procs.wait()
-        return
     s.generator.eval()
     s.backend.clear_caches()
-    scores = evaluate(s, updates)
-    _write_metrics(s.run, s.tracker, updates, "eval", {"all": scores}, f"eval-{updates:05d}")
+    scores = evaluate(s, updates)  # every process plays its share of the test tasks
+    if s.procs.main:
+        _write_metrics(s.run, s.tracker, updates, "eval", {"all": scores}, f"eval-{updates:05d}")
     s.procs.wait()
     s.say(f"  eval after {updates} update(s): success {scores['success_rate']:.2f}, checklist "
           f"{scores['checklist']:.3f}, well-formed {scores['well_formed_rate']:.2f}, rehearsal exact "
@@ -230,7 +239,8 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
 def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:
     """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask."""
     fsdp = cfg.fsdp or launcher is not None
-    procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True)
+    procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True,
+                      timeout_s=cfg.dist_timeout_s)
     if fsdp and procs.world == 1:
         say("fsdp: a single process has nothing to shard across; training unsharded")
     return procs
@@ -273,7 +283,7 @@ def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
     update_s = time.perf_counter() - started - rollout_s
     s.procs.sync(s.model, s.generator)
     if s.served is not None:  # the servers generate the next step with the weights just updated
-        stats["sync_s"] = s.served.sync(s.generator)
+        stats["sync_s"] = _sync(s, s.served)
     stats.update(rollout_s=rollout_s, update_s=update_s, step_s=time.perf_counter() - started)
     for g, a in zip(generations, advantages, strict=True):  # stored exactly as the update used them
         g.advantage, g.trained = a, stats["updated"] and a != 0.0  # a row with advantage 0 is not back-propagated
@@ -294,16 +304,33 @@ def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
 
 
 def _served(s: Session, tok) -> ServedPolicy | None:
-    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `servers`), holding the weights trained so far."""
-    cfg = s.cfg
+    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `servers`), holding the weights trained so far.
+
+    One process: a server on `vllm_devices` (default: the trainer's GPU, `vllm_gpu_memory` of it). Several: each
+    starts its own on its own GPU (or on `vllm_devices[rank]`), or all attach to `servers` and process 0 pushes."""
+    cfg, procs = s.cfg, s.procs
     if cfg.rollout.backend != "vllm" and not cfg.servers:
         return None
-    if s.procs.world > 1:
-        raise UsageError("vLLM rollouts train in one process (the servers batch every episode of a step)")
+    devices = cfg.vllm_devices
+    if procs.world > 1 and devices is not None:
+        if len(devices) != procs.world:
+            raise UsageError(f"vllm_devices: {procs.world} processes start one server each: give one GPU per "
+                             f"process ({procs.world} indices), got {devices}")
+        devices = [devices[procs.rank]]
+    folder = s.run.path / ("served" if procs.world == 1 else f"served-p{procs.rank}")
     served = ServedPolicy.start(cfg.model, cfg.servers, cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
-                                s.run.path / "served", s.say)
-    s.say(f"vLLM: weights synced in {served.sync(s.generator):.2f} s")
+                                folder, s.say, gpu_memory=cfg.vllm_gpu_memory, devices=devices,
+                                pushes=procs.main or not cfg.servers)
+    s.say(f"vLLM: weights synced in {_sync(s, served):.2f} s")
     return served
+
+
+def _sync(s: Session, served: ServedPolicy) -> float:
+    """Push the weights to the servers; shared servers are pushed to by process 0 while the others wait."""
+    seconds = served.sync(s.generator)
+    if s.cfg.servers:
+        s.procs.wait()
+    return seconds
 
 
 def _save_checkpoint(s: Session, tok) -> Any:
@@ -341,8 +368,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     benchmark = registry.get(cfg.rollout.env)
     model, tok = load_policy(cfg.model, cfg.dtype)
     if cfg.gradient_checkpointing or (launcher and launcher["activation_checkpointing"]):
-        model.activation_checkpointing_enable()
-        model.enable_input_require_grads()  # LoRA leaves the embeddings frozen; checkpointed blocks need a grad path
+        enable_checkpointing(model)
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")

