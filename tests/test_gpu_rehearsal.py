@@ -322,3 +322,37 @@ def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     assert steps == [(2,)] and sync == [(2,)]
     assert (tmp_path / "q" / "checkpoint" / "config.json").exists()
     assert json.loads((tmp_path / "q" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path):
+    """Several processes without `servers`: one server each, on `vllm_devices[rank]` (or its own GPU), pushed to
+    by every process; with `servers`, process 0 alone pushes."""
+    from types import SimpleNamespace
+
+    from envace.config import TrainConfig
+    from envace.training import train
+
+    started = []
+
+    class Served:
+        @classmethod
+        def start(cls, *args, **kwargs):
+            started.append(kwargs | {"folder": args[5].name})
+            return cls()
+
+        def sync(self, model):
+            return 0.1
+
+    monkeypatch.setattr(train, "ServedPolicy", Served)
+    procs = SimpleNamespace(rank=1, world=2, main=False, wait=lambda: None)
+    for servers, devices in (("", [4, 6]), ("", None), ("http://h:1/v1?model=base", None)):
+        cfg = TrainConfig.from_dict({"model": "tiny", "servers": servers, "vllm_devices": devices,
+                                     "rollout": {"backend": "vllm"}})
+        session = SimpleNamespace(cfg=cfg, procs=procs, run=SimpleNamespace(path=tmp_path), say=lambda _: None,
+                                  generator=None)
+        train._served(session, None)
+    assert [(s["devices"], s["pushes"], s["folder"]) for s in started] == [
+        ([6], True, "served-p1"), (None, True, "served-p1"), (None, False, "served-p1")]
+    with pytest.raises(UsageError, match="vllm_devices: 2 processes start one server each"):
+        cfg = TrainConfig.from_dict({"model": "tiny", "vllm_devices": [4], "rollout": {"backend": "vllm"}})
+        train._served(SimpleNamespace(cfg=cfg, procs=procs, run=SimpleNamespace(path=tmp_path)), None)
