@@ -704,22 +704,8 @@ def _bench_command(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
-    parser.add_argument("--version", action="version", version=f"envace {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _play_commands(sub)
-
-    p = _with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
-    p.add_argument("config", help="TOML file with a [train] table")
-    p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
-    p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a [train] field, e.g. --set variant=caller_only "
-                        "--set rollout.rehearser.max_new_tokens=64")
-    p.set_defaults(func=cmd_train)
-
-    _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+def _serve_command(sub) -> None:
+    """`envace serve`: its flags (the server's model, address, adapters, context, dtype and GPU share)."""
     p = sub.add_parser("serve", help="an OpenAI-compatible vLLM server on a model (from .venv-vllm: `make vllm`)")
     p.add_argument("model", help="default, tiny, a checkpoint folder, or an id in the local Hugging Face cache")
     p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
@@ -737,6 +723,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=_devices, default=None, metavar="IDS",
                    help="GPUs the server sees, comma-separated (several: tensor parallel; default: GPU 0)")
     p.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
+    parser.add_argument("--version", action="version", version=f"envace {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _play_commands(sub)
+
+    p = _with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
+    p.add_argument("config", help="TOML file with a [train] table")
+    p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
+    p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a [train] field, e.g. --set variant=caller_only "
+                        "--set rollout.rehearser.max_new_tokens=64")
+    p.set_defaults(func=cmd_train)
+
+    _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
+    _serve_command(sub)
     p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
     p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=7860, help="port (default: 7860)")
