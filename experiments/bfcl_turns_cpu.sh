@@ -6,7 +6,9 @@
 # GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS
 # picks arms (default: all five and the control, in this order); SCREEN=0 skips the screen (every step then
 # draws its turns from the whole pool, and most groups are flat: docs/results.md); the base model's
-# evaluation comes last.
+# evaluation comes last. SFT_TASKS widens the pool: SFT on that many train tasks and GRPO on their turns
+# (default: the config's 6); SCREEN_LIMIT is then the number of their turns the screen plays (16 tasks: 53
+# turns); POOL_MAX caps the screened pool, spread over as many scenarios as it can (screen_units.py --max).
 set -euo pipefail
 CONFIG=experiments/bfcl_turns_cpu.toml
 ROOT=${ENVACE_RUNS:-runs}
@@ -16,19 +18,21 @@ envace() { .venv/bin/envace "$@"; }
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
 if [ -z "${SFT:-}" ]; then  # SFT=CHECKPOINT starts the arms from a checkpoint trained elsewhere
-  done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0
+  done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0 \
+    ${SFT_TASKS:+--set sft_tasks=$SFT_TASKS}
   SFT="$ROOT/sft-$TAG/checkpoint"
 fi
 done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
 # The screen samples the pool as GRPO will (experiments/bfcl_turns_screen.toml); a turn whose 8 rewards are all
 # equal gives no group a signal, so the arms train on the others, all of them every step.
-POOL=() SUFFIX=""
+POOL=(${SFT_TASKS:+--set grpo_tasks=$SFT_TASKS}) SUFFIX=""
+SCREENED=(${SCREEN_LIMIT:+--limit $SCREEN_LIMIT})
 if [ "${SCREEN:-1}" != 0 ]; then
   done_run "screen-sft-$TAG" || envace rollout --config experiments/bfcl_turns_screen.toml --model "$SFT" \
-    --run-name "screen-sft-$TAG"
-  UNITS=$(.venv/bin/python experiments/screen_units.py "screen-sft-$TAG" --root "$ROOT")
+    --run-name "screen-sft-$TAG" "${SCREENED[@]}"
+  UNITS=$(.venv/bin/python experiments/screen_units.py "screen-sft-$TAG" --root "$ROOT" ${POOL_MAX:+--max $POOL_MAX})
   COUNT=$(.venv/bin/python -c 'import json, sys; print(len(json.load(sys.stdin)))' <<<"$UNITS")
-  POOL=(--set "grpo_units=$UNITS" --set "tasks_per_step=$COUNT")
+  POOL+=(--set "grpo_units=$UNITS" --set "tasks_per_step=$COUNT")
   SUFFIX=-screened
 fi
 arm() {  # name, then --set overrides
@@ -39,7 +43,7 @@ arm() {  # name, then --set overrides
   # the screen again with the trained policy (same seed, so the same random draws): did the trained turns'
   # pass rate move, and the other turns'? (experiments/turns_report.py compares it with the SFT's screen)
   [ -z "$SUFFIX" ] || done_run "screen-$run" || envace rollout --config experiments/bfcl_turns_screen.toml \
-    --model "$ROOT/$run/checkpoint" --run-name "screen-$run"
+    --model "$ROOT/$run/checkpoint" --run-name "screen-$run" "${SCREENED[@]}"
 }
 for name in ${ARMS:-envace caller_only real_env dyna fidelity control}; do
   case $name in

@@ -1,9 +1,11 @@
 """The units of a pass-rate screen whose rewards differ: the pool on which a GRPO group gets a signal.
 
-    .venv/bin/python experiments/screen_units.py RUN [--root runs]
+    .venv/bin/python experiments/screen_units.py RUN [--root runs] [--max N]
 
 Prints one line to stdout, a TOML array of those unit uids (`--set grpo_units=$(…)`), and per unit its hits
-to stderr. A missing run, or a screen in which no unit's rewards differ, is one error line and exit 2: GRPO on
+to stderr. `--max N` keeps N of them, spread over as many scenarios (whole tasks) as it can: the scenarios
+take turns, each giving its unit closest to half scored (the most signal a group of G can expect) first.
+A missing run, or a screen in which no unit's rewards differ, is one error line and exit 2: GRPO on
 that pool would have no signal at all (`Workbench.unit_rewards`).
 """
 
@@ -14,10 +16,26 @@ import json
 import sys
 
 from envace.errors import UsageError
+from envace.units import whole_uid
 from workbench import Workbench
 
 
-def spread_units(wb: Workbench, run: str) -> list[str]:
+def capped(units, most: int) -> list[str]:
+    """At most `most` uids of the spread `units` (rows with task_uid, hits, episodes): round robin over their
+    scenarios, each scenario's unit with the most balanced hits first (ties: uid order)."""
+    queues: dict[str, list] = {}
+    ranked = sorted(units, key=lambda u: (-min(u.hits, u.episodes - u.hits), u.task_uid))
+    for u in ranked:
+        queues.setdefault(whole_uid(u.task_uid), []).append(u.task_uid)
+    chosen: list[str] = []
+    while len(chosen) < most and any(queues.values()):
+        for queue in queues.values():
+            if queue and len(chosen) < most:
+                chosen.append(queue.pop(0))
+    return sorted(chosen)
+
+
+def spread_units(wb: Workbench, run: str, most: int | None = None) -> list[str]:
     """The uids of the units of `run` whose episodes' rewards are not all equal, in uid order."""
     if run not in set(wb.runs()["run_id"]):
         raise UsageError(f"no run named '{run}' in {wb.root}")
@@ -25,10 +43,13 @@ def spread_units(wb: Workbench, run: str) -> list[str]:
     for row in units.itertuples(index=False):
         print(f"{row.task_uid}: {row.hits}/{row.episodes} scored, mean {row.mean:.3f}"
               + ("  <- spread" if row.spread else ""), file=sys.stderr)
-    chosen = list(units.loc[units["spread"], "task_uid"])
-    if not chosen:
+    spread = units[units["spread"]]
+    if spread.empty:
         raise UsageError(f"screen '{run}': none of its {len(units)} units has rewards that differ, so no GRPO "
                          "group on them would have a signal")
+    chosen = capped(list(spread.itertuples(index=False)), most) if most else list(spread["task_uid"])
+    scenarios = {whole_uid(u) for u in chosen}
+    print(f"{len(chosen)} of {len(spread)} units with spread, from {len(scenarios)} scenario(s)", file=sys.stderr)
     return chosen
 
 
@@ -36,9 +57,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run")
     parser.add_argument("--root", default="runs")
+    parser.add_argument("--max", type=int, default=None, help="keep at most N units, over as many scenarios")
     args = parser.parse_args()
     try:
-        print(json.dumps(spread_units(Workbench(args.root), args.run)))
+        if args.max is not None and args.max < 1:
+            raise UsageError(f"--max: must be at least 1, got {args.max}")
+        print(json.dumps(spread_units(Workbench(args.root), args.run, args.max)))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
