@@ -9,6 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from apps.common import empty_note, keep_choice, rounded, run_choices, shown_errors
+from envace import world_model
 from workbench import Workbench, figures
 
 _ALL = "all runs"
@@ -23,6 +24,9 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
         bars = gr.Plot(label="per tool")
         calibration = gr.Plot(label="fidelity vs success")
     over_training = gr.Plot(label="fidelity over training", visible=False)
+    benchmark = gr.Dataframe(label="world-model benchmark: mean (95% bootstrap interval over tasks); every gold "
+                                   "call rehearsed in its real context", interactive=False, visible=False,
+                             elem_id="fidelity-world-model")
 
     @shown_errors
     def draw(run_id):
@@ -30,7 +34,7 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
         by_tool = wb.fidelity_by_tool(scoped)
         if by_tool.empty:
             return (empty_note("pairs of real and rehearsed responses" + (f" in `{scoped}`" if scoped else ""),
-                               "pairs"), None, None, None, gr.Plot(visible=False))
+                               "pairs"), None, None, None, gr.Plot(visible=False), gr.Dataframe(visible=False))
         overall = by_tool[by_tool["tool"] == "all"].iloc[0]
         said = ""
         if overall["malformed"] == 1:
@@ -38,16 +42,27 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                     "`<execution_result>`): there is nothing to compare, so every score is 0.")
         is_train = scoped is not None and scoped in set(run_choices(wb.runs(), kinds=("train",)))
         over = figures.fidelity_over_training(wb.fidelity_over_training(scoped)) if is_train else None
+        measured = scoped is not None and scoped in set(run_choices(wb.runs(), kinds=("world-model",)))
         return (said, rounded(by_tool), figures.fidelity_bars(by_tool[by_tool["tool"] != "all"]),
-                figures.calibration(wb.calibration(scoped)), gr.Plot(value=over, visible=is_train))
+                figures.calibration(wb.calibration(scoped)), gr.Plot(value=over, visible=is_train),
+                gr.Dataframe(value=_intervals(wb.world_model(scoped)) if measured else None, visible=measured))
 
     def choices(current):
         return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
 
     gr.on([app.load, timer.tick], choices, run, run)
-    gr.on([app.load, tab.select, run.change], draw, run, [note, table, bars, calibration, over_training],
-          api_name="fidelity")
+    gr.on([app.load, tab.select, run.change], draw, run,
+          [note, table, bars, calibration, over_training, benchmark], api_name="fidelity")
     return run
+
+
+def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
+    """The world-model table as it reads: one `mean (low–high)` cell per metric."""
+    cells = {m: [("" if v != v else f"{v:.2f} ({lo:.2f}–{hi:.2f})")
+                 for v, lo, hi in zip(frame[m], frame[f"{m}_lo"], frame[f"{m}_hi"], strict=True)]
+             for m in world_model.LABELS}
+    return pd.DataFrame({"tool": frame["tool"], "calls": frame["calls"], "tasks": frame["tasks"],
+                         **{world_model.LABELS[m]: c for m, c in cells.items()}})
 
 
 def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:

@@ -14,8 +14,8 @@ import pandas as pd
 
 from apps.common import shown_errors
 from envace.errors import UsageError
-from workbench import RunHandle, Workbench, launch
-from workbench.launch import KINDS, config_fields, resolve, write_config
+from workbench import RunHandle, Workbench
+from workbench.launch import KINDS, config_fields, launch_resolved, resolve
 
 FORM_COLUMNS = ["field", "value", "default", "choices", "help"]
 
@@ -77,10 +77,8 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
 
     @shown_errors
     def start_job(config, kind, name, form, shown):
-        cfg = resolve(kind, _values(form, shown))
-        run_name = name.strip() or None
-        path = write_config(kind, cfg, wb.root / ".logs" / f"{run_name or kind}-{len(handles)}.toml")
-        handle = launch(path, kind=kind, root=wb.root, name=run_name)
+        cfg = resolve(kind, _values(form, shown))  # every field checked, then the name: before anything is written
+        handle = launch_resolved(kind, cfg, wb.root, (name or "").strip() or None)
         handles[handle.run_id] = handle
         return gr.Dropdown(choices=list(handles), value=handle.run_id), gr.Timer(active=True)
 

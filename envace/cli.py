@@ -96,9 +96,10 @@ class _LiveReporter(Reporter):
 _ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
                   "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
                   "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns", "backend",
-                  "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to")
+                  "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to",
+                  "rehearser_model", "shadow_turns")
 _PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
-                  "measure_change": "measure_change"}  # flag → field of [rollout.private]
+                  "private_memory": "memory", "measure_change": "measure_change"}  # flag → field of [rollout.private]
 _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",
                "--rehearsal-steps": "--private-steps"}
 
@@ -214,6 +215,63 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_world_model(args: argparse.Namespace) -> int:
+    """`envace world-model MODEL`: MODEL rehearses every gold call in its real context (`envace/world_model.py`)."""
+    from envace.jobs import world_model_job
+
+    cfg = _rollout_config(args, _WORLD_MODEL_FLAGS)
+    console = _console()
+    run, _ = world_model_job(args.model, cfg, runs_root(args.root), args.run_name, _LiveReporter(console),
+                             args.turns or "")
+    console.print(f"stored in {run.path}")
+    _world_model_table(console, runs_root(args.root), run.run_id)
+    console.print(f"next: envace world-model-compare {run.run_id} OTHER_RUN{_root_hint(args)}", markup=False)
+    return 0
+
+
+def _world_model_table(console, root: Path, run_id: str) -> None:
+    from rich.table import Table
+
+    from envace import world_model
+    from envace.store import connect
+
+    frame = world_model.table(world_model.pairs(connect(root), "pairs", run_id))
+    if frame.empty:
+        console.print(f"run {run_id} has no rehearsed calls")
+        return
+    cell = lambda r, m: "-" if r[m] != r[m] else f"{r[m]:.2f} ({r[m + '_lo']:.2f}–{r[m + '_hi']:.2f})"  # noqa: E731
+    table = Table("tool", "calls", "tasks", *world_model.LABELS.values(),
+                  title=f"world model of {run_id}: mean (95% bootstrap interval over tasks)")
+    for r in frame.to_dict("records"):
+        table.add_row(r["tool"], str(r["calls"]), str(r["tasks"]), *(cell(r, m) for m in world_model.LABELS))
+    console.print(table)
+    console.print("valid: rehearsals with a valid <execution_result>; exact: same JSON after normalisation; struct "
+                  "F1: key paths; value acc: real leaf values reproduced; error agree: both fail or both succeed; "
+                  "embed cos: MiniLM cosine")
+
+
+def cmd_world_model_compare(args: argparse.Namespace) -> int:
+    """`envace world-model-compare A B`: B − A on the calls both rehearsed, paired."""
+    from rich.table import Table
+
+    from envace import world_model
+    from envace.store import connect, get_run
+
+    root = runs_root(args.root)
+    con = connect(root)
+    a, b = (get_run(root, r)["run_id"] for r in (args.run_a, args.run_b))
+    frame = world_model.compare(world_model.matched(world_model.pairs(con, "pairs", a),
+                                                    world_model.pairs(con, "pairs", b), (a, b)))
+    table = Table("metric", "calls", "A", "B", "Δ = B − A", "95% interval", "B higher", "B lower", "sign test p",
+                  title=f"world model, paired by call: A = {a}, B = {b}")
+    for r in frame.to_dict("records"):
+        table.add_row(world_model.LABELS[r["metric"]], str(r["calls"]), f"{r['a']:.3f}", f"{r['b']:.3f}",
+                      f"{r['delta']:+.3f}", f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", str(r["up"]), str(r["down"]),
+                      f"{r['sign_p']:.3g}")
+    _console().print(table)
+    return 0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Private-rehearsal budget grid × modes × models, one eval run per cell, one table."""
     from rich.table import Table
@@ -290,7 +348,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     runs = list_runs(root, warnings)
     from envace.store import open_store
 
-    warnings = open_store(root)[1].warnings  # the shards skipped too, as the app lists them
+    con, index = open_store(root)
+    warnings = index.warnings  # the shards skipped too, as the app lists them
+    # a run that stopped before its summary (interrupted, running) still has the episodes it stored
+    stored = dict(con.execute("SELECT run_id, count(*) FROM episodes GROUP BY run_id").fetchall())
     console = _console()
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False)
@@ -301,7 +362,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for meta in runs:
         s = meta.get("summary") or {}
         table.add_row(meta["run_id"], meta.get("kind", ""), meta.get("status", ""), str(meta.get("model", "")),
-                      str(s.get("episodes", "")), f"{s['success_rate']:.1%}" if "success_rate" in s else "",
+                      str(s.get("episodes", stored.get(meta["run_id"], ""))),
+                      f"{s['success_rate']:.1%}" if "success_rate" in s else "",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(meta.get("created_at") or 0)))
     console.print(table)
     return 0
@@ -334,8 +396,11 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
     root = runs_root(args.root)
     meta = get_run(root, args.run)
-    frame = ledger.means(ledger.tool_sums(connect(root), "pairs", meta["run_id"]))
     console = _console()
+    if meta.get("kind") == "world-model":
+        _world_model_table(console, root, meta["run_id"])
+        return 0
+    frame = ledger.means(ledger.tool_sums(connect(root), "pairs", meta["run_id"]))
     if frame.empty:
         console.print(f"run {meta['run_id']} has no pairs: {_no_pairs_hint(meta)}")
         return 0
@@ -627,6 +692,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- parser ------------------------------------------------------------------------------------------------
 
 _EVAL_FLAGS = tuple(n for n in _ROLLOUT_FLAGS if n != "model")  # the model is eval's first argument
+# world-model: the benchmark's tasks and where to generate; the caller, mode and sampling are the benchmark's own
+_WORLD_MODEL_FLAGS = ("env", "category", "split", "limit", "offset", "backend", "max_batch_tokens", "report_to")
 _SWEEP_FLAGS = _EVAL_FLAGS  # a sweep sets the model and the private rehearsal per cell
 
 
@@ -658,6 +725,22 @@ def _play_commands(sub) -> None:
     p.add_argument("--run-name", default=None, help=name_help)
     _add_config_flags(p, _EVAL_FLAGS)
     p.set_defaults(func=cmd_eval)
+
+    p = _with_root(sub.add_parser("world-model", help="the world-model benchmark: MODEL rehearses every gold call "
+                                                       "in its real context, scored against the real response"))
+    p.add_argument("model", help="the rehearser: default, tiny, a checkpoint folder, a server URL, or reference "
+                                 "(the gold itself)")
+    p.add_argument("--config", default=None, help=config_help + " (the rehearser's prompt options)")
+    p.add_argument("--run-name", default=None, help=name_help)
+    p.add_argument("--turns", default=None, metavar="K..L",
+                   help="rehearse only the calls of these user turns (0-based): K, K.. or K..L (default: all)")
+    _add_config_flags(p, _WORLD_MODEL_FLAGS, private=False)
+    p.set_defaults(func=cmd_world_model)
+    p = _with_root(sub.add_parser("world-model-compare", help="two world-model runs over the same calls, paired: "
+                                                               "Δ per metric, interval and sign test"))
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.set_defaults(func=cmd_world_model_compare)
 
     p = _with_root(sub.add_parser("sweep", help="private-rehearsal budget sweep: grid × modes × models → one table"))
     p.add_argument("--name", required=True, help="sweep name: its table's run and the prefix of its cell runs")

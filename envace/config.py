@@ -189,6 +189,10 @@ class PrivateOptions(Config):
     memory_tokens: int = doc("token budget of the rehearsal memory the summariser writes", 96)
     temperature: float = doc("sampling temperature of imagined attempts (parallel attempts need > 0 to differ)",
                              1.0)
+    memory: Literal["summary", "transcript"] = doc(
+        "how the attempts become the memory: summary (the policy, as summariser, writes it) | transcript (each "
+        "attempt's calls with their rehearsed results and named errors, condensed without generating; what a "
+        "model too small to summarise can use)", "summary")
     measure_change: bool = doc("also generate the committed turn's first action without the memory (greedy) and "
                                "record whether the memory changed it", False)
 
@@ -257,6 +261,11 @@ class RolloutConfig(Config):
         "mirror the job's results to an experiment tracker (a sweep: one step per cell)", "none")
     user_model: str = doc("simulated users (τ²): the model playing the user, local or `http://…/v1?model=NAME` "
                           "(an OpenAI-compatible server); empty = the policy itself", "")
+    rehearser_model: str = doc("the rehearser's model when it is not the policy: a frozen external simulator, "
+                               "local or `http://…/v1?model=NAME`, or `reference` (each call's gold result); "
+                               "empty = the policy itself", "")
+    shadow_turns: str = doc("real+shadow: rehearse beside only the calls of these user turns (0-based), `K`, "
+                            "`K..` or `K..L`; empty = every turn", "")
     user_max_new_tokens: int = doc("simulated users: token budget of one user message", 128)
     max_user_turns: int = doc("simulated users: user messages before the episode is cut (user_turn_limit)", 10)
 
@@ -287,8 +296,29 @@ class RolloutConfig(Config):
             raise UsageError(f"rehearser.fewshot: 'reference' shows the rehearser each task's own gold results, "
                              f"which on {self.split}-split tasks is leakage; use other_tasks or none")
         check_model_spec(self.model)
-        if self.user_model:
-            check_model_spec(self.user_model)
+        for name in ("user_model", "rehearser_model"):
+            if getattr(self, name):
+                check_model_spec(getattr(self, name))
+        turn_range(self.shadow_turns)
+        if self.shadow_turns and self.mode != "real+shadow":
+            # rehearsals beside the real world are stateless, so some turns can go unrehearsed; a real world
+            # beside the rehearsal must execute every call to stay in the state the episode is in
+            raise UsageError(f"shadow_turns: only with mode real+shadow, got mode {self.mode}")
+
+
+def turn_range(text: str) -> tuple[int, int | None]:
+    """`K` → (K, K), `K..` → (K, None), `K..L` → (K, L), empty → (0, None): user turns, 0-based, inclusive."""
+    first, sep, last = text.strip().partition("..")
+    try:
+        if not text.strip():
+            return 0, None
+        lo = int(first)
+        hi = lo if not sep else int(last) if last.strip() else None
+    except ValueError:
+        raise UsageError(f"turns: expected K, K.. or K..L (user turns, from 0), got {text!r}") from None
+    if lo < 0 or (hi is not None and hi < lo):
+        raise UsageError(f"turns: expected 0 <= K <= L, got {text!r}")
+    return lo, hi
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -431,6 +461,11 @@ class TrainConfig(Config):
             raise UsageError("rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real response "
                              "beside each rehearsal) and variant envace (a trained rehearser)")
         at_least(self, 0, "fidelity_weight")
+        if self.model == "reference":
+            raise UsageError("model: `reference` replays the gold and has no weights to train")
+        if self.rollout.rehearser_model:
+            raise UsageError("rollout.rehearser_model: training rehearses with the policy itself (an external "
+                             "rehearser is for rollout, eval and world-model)")
         if self.fsdp and self.shard_optimizer:
             raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
         check_model_spec(self.model)

@@ -1,4 +1,4 @@
-"""Jobs as library functions: rollout, eval, sweep, train, and judge (rubric judging of a stored run).
+"""Jobs as library functions: rollout, eval, world-model, sweep, train, and judge (rubric judging of a stored run).
 
 The CLI, the notebooks and `workbench.launch` (through the CLI) run these same functions. Each takes a
 validated config, writes one run to the store (a sweep: one eval run per cell plus its table run) and
@@ -19,6 +19,7 @@ from envace import record, rewards, units
 from envace.config import RolloutConfig, TrainConfig
 from envace.envs import registry
 from envace.errors import UsageError
+from envace.policy.specs import DEFAULT_MODEL, REFERENCE_MODEL
 from envace.store import STAGING, Run, check_run_id, get_run, swap_in
 
 
@@ -52,10 +53,11 @@ def _examples(cfg: RolloutConfig, benchmark):
 
 
 def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None = None, tasks=None,
-         user_backend=None, phase: str = "rollout") -> record.Summary:
+         user_backend=None, phase: str = "rollout", rehearser_backend=None) -> record.Summary:
     """Play every task of `cfg` `group_size` times, one batch at a time, writing each batch as a step of `run`.
 
-    `tasks` defaults to `units.select(cfg)`'s (which also resolves an `auto` token budget).
+    `tasks` defaults to `units.select(cfg)`'s (which also resolves an `auto` token budget); `user_backend` and
+    `rehearser_backend` play those roles when they are not the policy.
     """
     import time
 
@@ -66,7 +68,8 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
     if tasks is None or cfg.max_new_tokens == units.AUTO:
         cfg, selected = units.select(cfg, benchmark, backend.tokenizer)
         tasks = selected if tasks is None else tasks
-    engine = build_engine(backend, benchmark, cfg, _examples(cfg, benchmark), user_backend)
+    engine = build_engine(backend, benchmark, cfg, _examples(cfg, benchmark), user_backend,
+                          rehearser_backend=rehearser_backend)
     engine.on_step = reporter.step
     summary, started = record.Summary(), time.perf_counter()
     reporter.begin(len(tasks) * cfg.group_size)
@@ -87,40 +90,61 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
 
 
 def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None, kind: str = "rollout",
-                reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
-    """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary)."""
+                reporter: Reporter | None = None, backend=None, rehearser_backend=None) -> tuple[Run, dict[str, Any]]:
+    """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary).
+    `backend` and `rehearser_backend`, when given, are used instead of loading `cfg.model` and
+    `cfg.rehearser_model`."""
     from envace.policy import load_backend
     from envace.policy.models import tokenizer_for
+    from envace.policy.scripted import ReferencePolicy
 
     reporter = reporter or Reporter()
     benchmark = registry.get(cfg.env)
-    tokenizer = backend.tokenizer if backend is not None else tokenizer_for(cfg.model)
+    tokenizer = backend.tokenizer if backend is not None else tokenizer_for(_rendering_model(cfg))
     cfg, tasks = units.select(cfg, benchmark, tokenizer)  # turn units and `auto` budgets, before any model loads
     if not tasks:
         raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
     private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
     unit = "turn(s)" if cfg.unit == "turn" else "task(s)"
+    rehearses = cfg.mode != "real" or cfg.private.active
+    rehearser = f", rehearser {cfg.rehearser_model}" if cfg.rehearser_model and rehearses else ""
     reporter.say(f"{kind} {len(tasks)} {cfg.env} {cfg.category} {cfg.split} {unit} × {cfg.group_size}, "
-                 f"mode {cfg.mode}{private}, model {cfg.model}, {cfg.max_new_tokens} new tokens per message")
+                 f"mode {cfg.mode}{private}, model {cfg.model}{rehearser}, {cfg.max_new_tokens} new tokens per "
+                 "message")
     owned = []  # backends (and their servers) this job starts, and stops when it ends
+
+    def load(spec: str, role: str):
+        if spec == REFERENCE_MODEL:  # replays the gold: nothing to load, nothing to stop
+            return ReferencePolicy(tokenizer, tasks)
+        reporter.say(f"loading {role} …")
+        loaded = load_backend(spec, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
+        owned.append(loaded)
+        return loaded
+
     try:
-        if backend is None:
-            reporter.say("loading model …")
-            backend = load_backend(cfg.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
-            owned.append(backend)
-        user_backend = None
-        if cfg.user_model and any(t.simulated_user for t in tasks):
-            reporter.say(f"loading the simulated user's model {cfg.user_model} …")
-            user_backend = load_backend(cfg.user_model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
-            owned.append(user_backend)
-        run = Run.create(root, kind, asdict(cfg), cfg.model, name)
+        backend = backend if backend is not None else load(cfg.model, "model")
+        user_backend = load(cfg.user_model, f"the simulated user's model {cfg.user_model}") \
+            if cfg.user_model and any(t.simulated_user for t in tasks) else None
+        if rehearser_backend is None and cfg.rehearser_model and rehearses:
+            rehearser_backend = load(cfg.rehearser_model, f"the rehearser's model {cfg.rehearser_model}")
+        measured = cfg.rehearser_model if kind == "world-model" else cfg.model  # the model the run is about
+        run = Run.create(root, kind, asdict(cfg), measured, name)
         with run.running():
-            summary = play(cfg, run, backend, reporter, tasks, user_backend).as_dict()
+            summary = play(cfg, run, backend, reporter, tasks, user_backend,
+                           rehearser_backend=rehearser_backend).as_dict()
         _report(cfg.report_to, run, asdict(cfg), [(0, {kind: _numbers(summary)})])
     finally:
         _close(owned)
     run.update(status="completed", summary=summary)
     return run, summary
+
+
+def _rendering_model(cfg: RolloutConfig) -> str:
+    """Whose tokenizer renders the prompts: the policy's; the scripted `reference` policy has none of its own, so
+    it takes its rehearser's (the model a world-model benchmark measures), else the default model's."""
+    if cfg.model != REFERENCE_MODEL:
+        return cfg.model
+    return cfg.rehearser_model if cfg.rehearser_model not in ("", REFERENCE_MODEL) else DEFAULT_MODEL
 
 
 def _numbers(summary: dict[str, Any]) -> dict[str, float]:
@@ -149,6 +173,19 @@ def eval_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: st
              reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
     """A rollout of `model` stored as an `eval` run (the test split unless `cfg` says otherwise)."""
     return rollout_job(replace(cfg, model=model), root, name, "eval", reporter, backend)
+
+
+def world_model_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None,
+                    reporter: Reporter | None = None, turns: str = "", backend=None) -> tuple[Run, dict[str, Any]]:
+    """The world-model benchmark of `model` (`envace/world_model.py`) on `cfg`'s category, split and limit, the
+    calls of user turns `turns` (`K`, `K..`, `K..L`; empty: all), stored as a run of kind `world-model`;
+    `backend`, when given, rehearses instead of loading `model`."""
+    from envace import world_model
+
+    cfg = world_model.config(model, cfg, turns)
+    benchmark = registry.get(cfg.env)
+    cfg = world_model.check_tasks(cfg, benchmark.load_tasks(cfg.category, cfg.split, cfg.limit, cfg.offset))
+    return rollout_job(cfg, root, name, world_model.KIND, reporter, rehearser_backend=backend)
 
 
 def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list[int], base: RolloutConfig,

@@ -92,6 +92,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "memories": pa.schema(_KEY + [
         ("turn", pa.int32()),
         ("mode", pa.string()), ("budget", pa.int32()), ("scope", pa.string()),  # parallel|sequential, N, turn|episode
+        ("memory_kind", pa.string()),     # summary (the summariser wrote it) | transcript (condensed, not generated)
         ("memory", pa.string()),          # appended to the user's message of the committed turn ("" = none)
         ("memory_error", pa.string()),    # None, or why a summary was not usable (empty_memory, tool_call_in_memory)
         ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()), ("summariser_tokens", pa.int32()),

@@ -19,6 +19,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from envace.stats import cluster_bootstrap as bootstrap
+from envace.stats import sign_test
 from workbench import Workbench
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 10: 2.228, 15: 2.131,
@@ -38,16 +40,6 @@ def slope(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
     return b, b - t * se, b + t * se
 
 
-def sign_test(diffs: np.ndarray) -> float:
-    """Exact two-sided sign test p-value over the non-zero differences."""
-    up, down = int((diffs > 0).sum()), int((diffs < 0).sum())
-    n = up + down
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
 def fisher(a: int, n: int, b: int, m: int) -> float:
     """Exact two-sided Fisher test of a/n against b/m successes: the probability, given the margins, of a
     table at most as likely as the one seen."""
@@ -64,12 +56,6 @@ def permutation(before: np.ndarray, after: np.ndarray, draws: int = 10_000, seed
     shuffled = np.stack([rng.permutation(both) for _ in range(draws)])
     diffs = np.abs(shuffled[:, len(before):].mean(axis=1) - shuffled[:, :len(before)].mean(axis=1))
     return float((np.sum(diffs >= seen - 1e-12) + 1) / (draws + 1))
-
-
-def bootstrap(diffs: np.ndarray, draws: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, len(diffs), (draws, len(diffs)))].mean(axis=1)
-    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
 
 
 def md(frame: pd.DataFrame) -> str:

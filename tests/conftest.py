@@ -51,8 +51,9 @@ class DriftingRehearser(ReferencePolicy):
 @pytest.fixture(scope="session")
 def store(tmp_path_factory, bfcl, tiny):
     """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a scripted caller whose
-    every call has a wrongly typed argument (`broken`), a tiny-model shadow rollout (`shadow`), a tiny
-    training run (`trained`) and a tiny private-rehearsal sweep (`sw`)."""
+    every call has a wrongly typed argument (`broken`), a world-model run rehearsed with the gold (`measured`), a
+    tiny-model shadow rollout (`shadow`), a tiny training run (`trained`) and a tiny private-rehearsal sweep
+    (`sw`)."""
     from dataclasses import replace
 
     from envace.cli import main
@@ -67,6 +68,10 @@ def store(tmp_path_factory, bfcl, tiny):
     bad_call = '<tool_call>\n{"name": "cd", "arguments": {"folder": 3}}\n</tool_call>'
     rollout_job(replace(cfg, limit=1, max_steps_per_turn=2), root, "broken", reporter=quiet,
                 backend=ReferencePolicy(tiny[1], tasks[:1], bad_call))
+    from envace.jobs import world_model_job
+
+    world_model_job("reference", cfg, root, "measured", quiet,
+                    backend=ReferencePolicy(tiny[1], tasks))  # every gold call rehearsed with its gold result
     assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
                  "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0
@@ -125,7 +130,8 @@ on_error = "feed_error"
 def real_store(tmp_path_factory):
     """Every kind of run, written by the real default model (malformed rehearsals, long prompts, no calls at
     all in places): a BFCL real+shadow rollout (`demo`), a training run with shadow pairs and evaluations
-    (`train`), a private-rehearsal sweep (`sw`) and a τ² conversation with the simulated user (`tau2`)."""
+    (`train`), a private-rehearsal sweep (`sw`), the world-model benchmark on one gold call (`world-model`) and a
+    τ² conversation with the simulated user (`tau2`)."""
     from envace.cli import main
 
     reuse = os.environ.get("ENVACE_REAL_STORE")  # a store this fixture wrote before: saves ~8 min when iterating
@@ -140,6 +146,8 @@ def real_store(tmp_path_factory):
     assert main(["train", str(config), "--run-name", "train", *common]) == 0
     assert main(["sweep", "--name", "sw", "--models", "base=default", "--budgets", "0,1", "--modes", "parallel",
                  "--limit", "1", "--max-new-tokens", "24", "--config", str(config), *common]) == 0
+    assert main(["world-model", "default", "--limit", "1", "--turns", "0", "--config", str(config),
+                 "--run-name", "world-model", *common]) == 0
     assert main(["rollout", "--env", "tau2", "--domain", "airline", "--limit", "1", "--model", "default",
                  "--max-new-tokens", "24", "--user-max-new-tokens", "24", "--max-user-turns", "2",
                  "--max-steps-per-turn", "2", "--run-name", "tau2", *common]) == 0

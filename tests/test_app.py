@@ -47,8 +47,12 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
 
 def test_the_dashboards_draw_from_the_real_store(app_url):
     client = Client(app_url, verbose=False)
-    note, table, bars, calibration, over = client.predict("scripted", api_name="/fidelity")
+    note, table, bars, calibration, over, measured = client.predict("scripted", api_name="/fidelity")
     assert {r[0] for r in table["data"]} >= {"cd", "mkdir", "all"} and bars and calibration and note == ""
+    assert measured["data"] in (None, [])  # a rollout is not the world-model benchmark: no interval table
+    *_, measured = client.predict("measured", api_name="/fidelity")
+    exact = measured["headers"].index("exact")
+    assert measured["data"][-1][0] == "all" and measured["data"][-1][exact] == "1.00 (1.00–1.00)"
     note, *_ = client.predict("shadow", api_name="/fidelity")  # the tiny model's shadow run: no pair at all
     assert "No pairs" in note and "real+shadow" in note
     note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
@@ -203,3 +207,16 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                                                      + browser.find_element(By.TAG_NAME, "body").text[:600])
         assert _toasts(browser) == [], tab
         browser.save_screenshot(str(shots / f"{name}.png"))
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "{tmp}/absolute", "nested/$(x)", "a..b"])
+def test_the_launch_tab_checks_the_run_name_before_writing_anything(app_url, store, tmp_path, name):
+    name = name.format(tmp=tmp_path)
+    logs = store / ".logs"
+    before = sorted(logs.rglob("*")) if logs.exists() else []
+    client = Client(app_url, verbose=False)
+    form = {"headers": ["field", "value", "default", "choices", "help"], "data": []}
+    with pytest.raises(Exception, match="invalid run name"):
+        client.predict("experiments/smoke.toml", "rollout", name, form, api_name="/start_job")
+    assert (sorted(logs.rglob("*")) if logs.exists() else []) == before  # no config written, no folder made
+    assert not list(tmp_path.iterdir()) and not list(store.parent.glob("escaped*"))  # nor outside the store

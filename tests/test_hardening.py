@@ -270,6 +270,10 @@ def test_sigterm_mid_run_keeps_whole_batches_marks_interrupted_and_exits_non_zer
     assert 1 <= stored < 6
     assert con.execute("SELECT count(DISTINCT episode_id) FROM generations").fetchall()[0][0] == stored
     assert con.execute("SELECT status FROM runs").fetchall()[0] == ("interrupted",)
+    runs = subprocess.run([sys.executable, "-m", "envace.cli", "runs", "--root", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120).stdout
+    row = next(line for line in runs.splitlines() if "termed" in line)
+    assert "interrupted" in row and f" {stored} " in row  # the episodes it stored, though it has no summary
 
 
 def test_readers_see_the_old_or_the_new_run_while_a_cell_is_swapped_in(tmp_path):
@@ -304,3 +308,82 @@ def test_readers_see_the_old_or_the_new_run_while_a_cell_is_swapped_in(tmp_path)
     assert failures == []
     assert json.loads((target / "run.json").read_text())["generation"] == 200
     assert len(seen) > 1 and not list((tmp_path / ".staging").iterdir())
+
+
+# -- round two: found by probing from outside ------------------------------------------------------------------
+
+def test_an_integer_parameter_takes_a_number_with_no_fraction_as_json_schema_does():
+    schema = {"properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    assert check_arguments({"n": 1.0}, schema) is None and check_arguments({"n": 3}, schema) is None
+    for wrong in (1.5, True, "1", float("inf"), float("nan")):
+        assert "should be integer" in check_arguments({"n": wrong}, schema)
+
+
+def test_calculate_bounds_its_work_by_size_and_answers_at_any_stack_depth():
+    from tau2.domains.airline.tools import AirlineTools
+
+    from envace.envs.tau2.calc import calculate
+
+    def at_depth(depth: int, expression: str):
+        if depth:
+            return at_depth(depth - 1, expression)
+        try:
+            return calculate(expression)
+        except Exception as exc:  # noqa: BLE001 - the exception is the outcome compared
+            return type(exc).__name__, str(exc)
+
+    for depth in (0, 400, 800):  # τ²'s eval answers 1 at the top of a stack; ours wherever it is called from
+        assert at_depth(depth, "-" * 2972 + "1") == "1.0"
+        assert at_depth(depth, "+".join(["1"] * 20_000)) == "20000.0"
+    assert at_depth(0, "-" * 5976)[0] == "SyntaxError"  # no operand: CPython's parser gave MemoryError
+    for product in ("*".join(["2**65536"] * 2_000), "+".join(["9**19728"] * 11_000)):  # 18k and 99k characters
+        assert at_depth(0, product) == ("OverflowError", "int too large to convert to float")
+    for expression in ("()", "(())", "...", "(2)(3)", "()*3"):  # τ²'s own TypeError, message and all
+        theirs = None
+        try:
+            AirlineTools.calculate(None, expression)
+        except TypeError as exc:
+            theirs = ("TypeError", str(exc))
+        assert theirs is not None and at_depth(0, expression) == theirs, expression
+
+
+def test_ctrl_c_during_requests_to_a_slow_server_exits_at_once(tmp_path):
+    """Requests in flight are not waited for: the server here holds every request for two minutes."""
+    import http.server
+    import os
+    import signal
+    import threading
+    import time
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the handler's name
+            time.sleep(120)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = (
+        "import sys\n"
+        "from envace.policy.backend import SamplingParams\n"
+        "from envace.policy.models import load_tokenizer\n"
+        "from envace.policy.remote import RemoteBackend\n"
+        f"backend = RemoteBackend(['http://127.0.0.1:{server.server_address[1]}/v1'], 'base', load_tokenizer('tiny'))\n"
+        "print('generating', flush=True)\n"
+        "try:\n"
+        "    backend.generate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=4))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(130)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "generating"
+    time.sleep(1.0)  # the four requests are in flight
+    os.kill(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)  # was: until each request's own timeout (here, the server's 120 s)
+    finally:
+        proc.kill()
+        server.shutdown()
+    assert proc.returncode == 130 and "interrupted" in out, err

@@ -4,7 +4,7 @@ from envace.config import PrivateOptions, RehearserOptions, RolloutConfig
 from envace.errors import UsageError
 from envace.record import score
 from envace.rehearsal.build import build_engine
-from envace.rehearsal.private import parse_memory
+from envace.rehearsal.memory import parse_memory
 
 
 def _engine(backend, bfcl, steps: int = 20, **private):

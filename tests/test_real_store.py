@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-RUNS = ("demo", "train", "sw", "sw-base-none-0", "sw-base-parallel-1", "tau2")
+RUNS = ("demo", "train", "sw", "sw-base-none-0", "sw-base-parallel-1", "world-model", "tau2")
 
 
 def test_the_store_has_every_kind_of_run(real_store):
@@ -19,7 +19,9 @@ def test_the_store_has_every_kind_of_run(real_store):
 
     wb = Workbench(real_store)
     assert set(RUNS) <= set(wb.runs()["run_id"]) and wb.warnings == []
-    assert set(wb.runs().set_index("run_id").loc[list(RUNS), "kind"]) == {"rollout", "train", "sweep", "eval"}
+    assert set(wb.runs().set_index("run_id").loc[list(RUNS), "kind"]) == {"rollout", "train", "sweep", "eval",
+                                                                          "world-model"}
+    assert len(wb.world_model("world-model")) == 2  # its one gold call's tool, and the `all` row
     phases = set(wb.sql("SELECT DISTINCT phase FROM episodes WHERE run_id = 'train'")["phase"])
     assert phases == {"grpo", "eval"}
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from envace import ledger
+from envace import ledger, world_model
 from envace.errors import UsageError
 from envace.store import StoreIndex, check_run_id, connect, refresh
 from workbench.diff import diff_rows
@@ -262,6 +262,23 @@ class Workbench:
             f"ON {', '.join(_FIDELITY)} INTO NAME name VALUE value) ORDER BY step, source, name",
             [check_run_id(run_id), run_id])
 
+    def world_model(self, run_id: str) -> pd.DataFrame:
+        """A world-model benchmark run (`envace world-model`; any run with pairs): per tool and overall, the calls,
+        the tasks, the share of valid results and each metric's mean with its 95% bootstrap interval over tasks
+        (`<metric>_lo`, `<metric>_hi`)."""
+        return world_model.table(self._world_model_pairs(run_id))
+
+    def world_model_compare(self, run_a: str, run_b: str) -> pd.DataFrame:
+        """Two runs' rehearsals of the same calls, paired: per metric A's and B's means, Δ = B − A with its paired
+        95% interval over tasks, the calls B scores higher and lower on, and the sign test. Runs over different
+        calls raise UsageError (saying how many differ)."""
+        return world_model.compare(world_model.matched(self._world_model_pairs(run_a),
+                                                       self._world_model_pairs(run_b), (run_a, run_b)))
+
+    def _world_model_pairs(self, run_id: str) -> pd.DataFrame:
+        with self._lock:
+            return world_model.pairs(self.con, self._source("pairs", run_id), check_run_id(run_id))
+
     def calibration(self, run_id: str | None = None) -> pd.DataFrame:
         """Per episode: mean rehearsal exact-match against its outcome (does fidelity go with success?)."""
         if run_id is None:
@@ -299,8 +316,10 @@ class Workbench:
         return self._df(f"SELECT * FROM sweep {where} ORDER BY label, mode, budget", params)
 
     def rehearsed_turns(self, run_id: str) -> pd.DataFrame:
-        """The privately rehearsed turns of a run: which episode and turn, the memory, its cost."""
-        return self._df(f"SELECT episode_id, turn, mode, budget, scope, memory, memory_error, imagined_steps, "
+        """The privately rehearsed turns of a run: which episode and turn, the memory and its kind (summary,
+        transcript; empty in runs stored before there was a choice), its cost."""
+        return self._df(f"SELECT episode_id, turn, mode, budget, scope, memory_kind, memory, memory_error, "
+                        f"imagined_steps, "
                         f"caller_tokens + rehearser_tokens + summariser_tokens AS tokens, decision_changed "
                         f"FROM {self._source('memories', run_id)} WHERE run_id = ? ORDER BY episode_id, turn",
                         [check_run_id(run_id)])

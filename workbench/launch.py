@@ -172,7 +172,7 @@ def launch(config: str | Path | None = None, kind: str = "train", root: str | Pa
         raise UsageError(f"no config file '{config}'")
     if resume is not None and kind != "train":
         raise UsageError("only train runs can be resumed")
-    run_id = check_run_id(resume or name or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+    run_id = check_run_id(resume or name or _new_run_id(kind))
     command = [sys.executable, "-u", "-m", "envace.cli", kind]
     if kind == "train":
         command += [str(config), "--resume" if resume else "--run-name", run_id]
@@ -188,6 +188,18 @@ def launch(config: str | Path | None = None, kind: str = "train", root: str | Pa
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env=child_env())
     return RunHandle(run_id, command, log_path, process)
+
+
+def _new_run_id(kind: str) -> str:
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def launch_resolved(kind: str, cfg: Any, root: str | Path = "runs", name: str | None = None) -> RunHandle:
+    """Start a job on a config built in memory (the app's form), written as `<root>/.logs/<run>.toml`. The kind
+    and the run name are checked before anything is written, so nothing is ever created outside the store."""
+    _job_config(kind)
+    run_id = check_run_id(name or _new_run_id(kind))
+    return launch(write_config(kind, cfg, Path(root) / ".logs" / f"{run_id}.toml"), kind, root, run_id)
 
 
 def child_env() -> dict[str, str]:

@@ -26,6 +26,8 @@ def _type_ok(value: Any, json_type: Any) -> bool:
         return True  # "any", an unknown type name, or none: the tool itself decides
     if isinstance(value, bool) and json_type in ("integer", "number"):
         return False  # bool is an int in Python, never in JSON Schema
+    if json_type == "integer" and isinstance(value, float):
+        return value.is_integer()  # JSON Schema: an integer is a number with a zero fractional part, 1.0 too
     return isinstance(value, _JSON_TYPES[json_type])
 
 
@@ -33,7 +35,8 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
     """Return None when `arguments` fit the schema's top-level `parameters`, else the first problem.
 
     Checked: required keys present, no unknown keys, JSON types of each given value (an integer is a
-    valid number), and enums. Nested objects are left to the tool itself.
+    valid number, and a number like 1.0 a valid integer, as JSON Schema says), and enums. Nested objects are
+    left to the tool itself.
     """
     if not isinstance(parameters, dict) or not isinstance(arguments, dict):
         return "the tool's parameters or the call's arguments are not objects"

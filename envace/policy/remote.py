@@ -14,7 +14,10 @@ the server batches them. With several servers the prompts are spread across them
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from envace.errors import UsageError
@@ -22,6 +25,8 @@ from envace.policy.backend import Generation, SamplingParams
 from envace.policy.models import load_tokenizer
 from envace.policy.tokenizer import END_OF_MESSAGE
 from envace.policy.vllm import request
+
+T, R = TypeVar("T"), TypeVar("R")
 
 
 class RemoteBackend:
@@ -113,5 +118,38 @@ class RemoteBackend:
         share = -(-len(prompts) // len(self.urls)) if prompts else 1
         jobs = [(self.urls[i // share], p, None if params.seed is None else params.seed * 65_537 + i)
                 for i, p in enumerate(prompts)]
-        with ThreadPoolExecutor(max(1, min(self.concurrency, len(jobs)))) as pool:
-            return list(pool.map(lambda job: self._complete(job[0], job[1], params, job[2]), jobs))
+        return concurrently(lambda job: self._complete(job[0], job[1], params, job[2]), jobs, self.concurrency)
+
+
+def concurrently(fn: Callable[[T], R], jobs: list[T], width: int) -> list[R]:
+    """`fn` of every job on up to `width` daemon threads, results in order; the first exception is raised once
+    all are done. Daemon threads, waited on through an interruptible semaphore: Ctrl-C or SIGTERM reaches the
+    caller at once, and the process exits without waiting for requests still in flight (a thread pool's
+    workers are joined at exit: Ctrl-C took up to a request's timeout)."""
+    results: list[Any] = [None] * len(jobs)
+    errors: list[BaseException] = []
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for item in enumerate(jobs):
+        todo.put(item)
+    finished = threading.Semaphore(0)
+
+    def work() -> None:
+        while True:
+            try:
+                i, job = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[i] = fn(job)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                errors.append(exc)
+            finally:
+                finished.release()
+
+    for _ in range(max(1, min(width, len(jobs)))):
+        threading.Thread(target=work, daemon=True).start()
+    for _ in jobs:
+        finished.acquire()
+    if errors:
+        raise errors[0]
+    return results

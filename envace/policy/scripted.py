@@ -20,6 +20,7 @@ from envace.types import Task
 from envace.units import whole_uid
 
 _CALL_HEADER = "## Call to simulate\n"
+_HISTORY_HEADER = "## Conversation so far\n"
 _ATTEMPT_HEADER = "## Imagined attempt"
 _MEMORY = "\n\n<rehearsal_memory>"
 
@@ -81,10 +82,17 @@ class ReferencePolicy:
         if task is None:
             raise LookupError("the reference policy holds no task for this rehearser prompt")
         call = json.loads(text.rsplit(_CALL_HEADER, 1)[1].split("<|im_end|>")[0])
-        for turn in task.reference:
-            for ref in turn:
-                if ref.call.name == call["name"] and ref.call.arguments == call["arguments"]:
-                    return render_execution_result(as_json_value(ref.result.content))
+        gold = [ref for turn in task.reference for ref in turn]
+        same = [ref for ref in gold if ref.call.name == call["name"] and ref.call.arguments == call["arguments"]]
+        # the call at the position the conversation has reached (a call made twice may get two results), else
+        # the first gold call like it
+        if _HISTORY_HEADER in text:
+            answered = text.split(_HISTORY_HEADER, 1)[1].split("\n\n## ", 1)[0].count("\nTool[")
+            at = gold[answered] if answered < len(gold) else None
+            if at is not None and at.call.name == call["name"] and at.call.arguments == call["arguments"]:
+                same = [at]
+        if same:
+            return render_execution_result(as_json_value(same[0].result.content))
         return render_execution_result({"error": "no such call in the reference"})
 
     @staticmethod

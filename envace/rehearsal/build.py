@@ -8,14 +8,17 @@
 | `rehearse+shadow` | `Shadow(RehearsedWorld, RealWorld)`                                    |
 | `real+shadow`     | `Shadow(RealWorld, RehearsedWorld)`                                    |
 
-Decision forks (`decision_sample`) and embedding cosines (`embedding`) belong to the shadow.
+Decision forks (`decision_sample`) and embedding cosines (`embedding`) belong to the shadow, and so does
+`shadow_turns` (only those user turns' calls are paired). Each role may have its own backend: the caller's
+(the policy), the rehearser's (`rehearser_model`: a frozen external simulator, or the gold) and the simulated
+user's (`user_model`).
 """
 
 from __future__ import annotations
 
 import random
 
-from envace.config import RolloutConfig
+from envace.config import RolloutConfig, turn_range
 from envace.envs.registry import Benchmark
 from envace.policy.backend import Backend
 from envace.rehearsal.examples import ExampleBank
@@ -34,8 +37,12 @@ def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, r
     forks = Forks(sampler, renderer, config.decision_sample, config.max_new_tokens, rng) \
         if config.decision_sample > 0 else None
 
+    first, last = turn_range(config.shadow_turns)  # real+shadow only (`RolloutConfig.validate`)
+    which = (lambda p: first <= p.episode.turn and (last is None or p.episode.turn <= last)) \
+        if config.shadow_turns else None
+
     def shadow(fed: World, beside: World, share: float = 1.0) -> Shadow:
-        return Shadow(fed, beside, share, rng, forks, config.embedding, rehearser.is_error)
+        return Shadow(fed, beside, share, rng, forks, config.embedding, rehearser.is_error, which)
 
     real, rehearsed = RealWorld(), RehearsedWorld(rehearser)
     if config.mode == "real":
@@ -50,19 +57,22 @@ def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, r
 
 def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, examples: ExampleBank | None = None,
                  user_backend: Backend | None = None, max_context: int | None = None,
-                 id_prefix: str = "") -> RolloutEngine:
+                 id_prefix: str = "", rehearser_backend: Backend | None = None) -> RolloutEngine:
     """A rollout engine for `config` on `backend`: its world, rehearser, simulated user and private rehearsal.
 
     `examples` (train tasks) ground the rehearser and the caller's demonstration; `user_backend` plays
-    simulated users (the policy itself when None); `max_context` defaults to the backend's.
+    simulated users and `rehearser_backend` rehearses (the policy itself when None); `max_context` defaults to
+    the backend's.
     """
     sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
     renderer = ChatRenderer(backend.tokenizer, config.tool_docs, config.thinking)
     examples = examples or ExampleBank()
-    rehearser = Rehearser(sampler, renderer, examples, config.rehearser, frozen=config.frozen_rehearser,
-                          is_error=benchmark.is_error)
+    rehearser_renderer = ChatRenderer(rehearser_backend.tokenizer, thinking=config.thinking) \
+        if rehearser_backend else renderer
+    rehearser = Rehearser(sampler, rehearser_renderer, examples, config.rehearser, frozen=config.frozen_rehearser,
+                          is_error=benchmark.is_error, backend=rehearser_backend)
     user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
     users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
-    private = PrivateRehearsal(config.private) if config.private.active else None
+    private = PrivateRehearsal(config.private, rehearser) if config.private.active else None
     return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
                          examples, users, private, max_context or getattr(backend, "max_context", None), id_prefix)

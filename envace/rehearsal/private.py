@@ -2,8 +2,9 @@
 
 When a real episode opens a user turn (or only its first turn, with scope = episode), the policy first
 plays imagined attempts of it in the rehearsed world, as caller and as environment, starting from the
-real history so far; then, as summariser, it condenses them into a *rehearsal memory*; the turn is
-then rendered with the memory appended to the user's message and executed for real, once.
+real history so far; then the attempts are condensed into a *rehearsal memory* (`memory.py`: written by the
+policy as summariser, or a deterministic transcript); the turn is then rendered with the memory appended to
+the user's message and executed for real, once.
 
 - parallel: N independent attempts, summarised together.
 - sequential: N rounds of one attempt; attempt k sees the memory of attempts 1..k−1 in its user
@@ -12,13 +13,12 @@ then rendered with the memory appended to the user's message and executed for re
 `PrivateRehearsal` is the engine's before-turn hook. All attempts of all episodes that open a turn at
 the same step advance together in a sub-engine whose world is a `RehearsedWorld` (one backend call per
 step and role), and all their summaries go in one call. An imagined attempt carries the tools' schemas
-but no environment, so no real call can happen during rehearsal. Budget 0 never gets here: the plain
-policy, unchanged.
+but no environment, so no real call can happen during rehearsal; it is rehearsed by the engine's own
+rehearser (the policy, or `rehearser_model`). Budget 0 never gets here: the plain policy, unchanged.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import replace
 
@@ -26,6 +26,7 @@ from envace.config import PrivateOptions
 from envace.fidelity import call_key
 from envace.formats import parse_tool_calls, strip_thinking
 from envace.rehearsal.episode import Episode
+from envace.rehearsal.memory import attempt_lines, parse_memory, transcript_memory
 from envace.rehearsal.prompts import summariser_prompt
 from envace.rehearsal.rehearser import Rehearser
 from envace.rehearsal.rollout import RolloutEngine
@@ -34,21 +35,11 @@ from envace.rehearsal.worlds import RehearsedWorld
 from envace.types import Role
 
 
-def parse_memory(text: str) -> tuple[str, str | None]:
-    """(memory, error): plain text, tags stripped; empty or call-like output is no memory."""
-    body = re.sub(r"</?(rehearsal_memory|memory)>", "", strip_thinking(text)).strip()
-    if parse_tool_calls(body).calls or "<tool_call>" in body:
-        return "", "tool_call_in_memory"
-    if not body:
-        return "", "empty_memory"
-    return body, None
-
-
 class PrivateRehearsal:
     """Writes one rehearsal memory per episode opening a turn; see the module docstring."""
 
-    def __init__(self, options: PrivateOptions) -> None:
-        self.options = options
+    def __init__(self, options: PrivateOptions, rehearser: Rehearser | None = None) -> None:
+        self.options, self.rehearser = options, rehearser  # the engine's rehearser (None: the policy's own)
 
     def wants(self, ep: Episode) -> bool:
         return self.options.scope == "turn" or ep.turn == 0
@@ -60,8 +51,9 @@ class PrivateRehearsal:
                          decision_sample=0.0, embedding=False,
                          seed=engine.config.seed * 7_919 + engine.sampler.calls)
         sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
-        rehearser = Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
-                              frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error)
+        rehearser = self.rehearser.reseeded(sampler, config.rehearser, config.frozen_rehearser) if self.rehearser \
+            else Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
+                           frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error)
         return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
                              engine.examples, max_context=engine.max_context)
 
@@ -82,6 +74,7 @@ class PrivateRehearsal:
         cost = [{"caller_tokens": 0, "rehearser_tokens": 0, "summariser_tokens": 0, "imagined_steps": 0}
                 for _ in episodes]
         rounds, width = (1, o.budget) if o.mode == "parallel" else (o.budget, 1)
+        seen: list[list[list[str]]] = [[] for _ in episodes]  # each episode's attempts so far, as memory lines
         for r in range(rounds):
             attempts = [(i, self._imagine(engine, ep, memory[i] if o.mode == "sequential" else "", r * width + k))
                         for i, ep in enumerate(episodes) for k in range(width)]
@@ -91,6 +84,7 @@ class PrivateRehearsal:
                 ep = episodes[i]
                 transcript = attempt.history[len(ep.history):]
                 transcripts[i].append(transcript)
+                seen[i].append(attempt_lines(attempt.calls, attempt.texts, attempt.termination))
                 tokens = {role: sum(len(g.gen.ids) for g in attempt.of_role(role))
                           for role in (Role.CALLER, Role.REHEARSER)}
                 steps = len(attempt.of_role(Role.CALLER))
@@ -103,6 +97,10 @@ class PrivateRehearsal:
                     "transcript": "\n".join(f"{who}: {text}" for who, text in transcript),
                     "termination": attempt.termination, "n_steps": steps, "n_calls": len(attempt.calls),
                     "caller_tokens": tokens[Role.CALLER], "rehearser_tokens": tokens[Role.REHEARSER]})
+            if o.memory == "transcript":  # every attempt so far, condensed; nothing generated
+                memory = [transcript_memory(seen[i], engine.renderer.encode, o.memory_tokens)
+                          for i in range(len(episodes))]
+                continue
             prompts = [engine.renderer.messages(summariser_prompt(ep.task.user_turns[ep.turn], transcripts[i],
                                                                   memory[i])) for i, ep in enumerate(episodes)]
             gens = engine.sampler(prompts, o.memory_tokens, greedy=True, tasks=[ep.task.uid for ep in episodes])
@@ -118,7 +116,8 @@ class PrivateRehearsal:
         wall = (time.perf_counter() - started) / len(episodes)  # the phase is shared by the episodes batched in it
         for i, ep in enumerate(episodes):
             ep.memories.append({"episode_id": ep.episode_id, "turn": ep.turn, "mode": o.mode, "budget": o.budget,
-                                "scope": o.scope, "memory": memory[i], "memory_error": ",".join(errors[i]) or None,
+                                "scope": o.scope, "memory_kind": o.memory, "memory": memory[i],
+                                "memory_error": ",".join(errors[i]) or None,
                                 **cost[i], "wall_s": wall, "decision_changed": changed[i]})
         return memory
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from envace.config import RehearserOptions
 from envace.envs.benchmark import json_error
 from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, strip_thinking
+from envace.policy.backend import Backend
 from envace.rehearsal.episode import Pending
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.prompts import ChatRenderer, rehearser_prompt
@@ -52,14 +53,21 @@ class Rehearser:
     """Rehearses batches of pending calls with one backend call each; see the module docstring.
 
     `frozen` generates with the base weights (adapters off): the rehearser of caller-only training. `is_error` is
-    the benchmark's failure convention (`Benchmark.is_error`).
+    the benchmark's failure convention (`Benchmark.is_error`). `backend` is the rehearser's own model when it is
+    not the policy's (a frozen external simulator, or the gold: `RolloutConfig.rehearser_model`), with
+    `renderer` its tokenizer's; None generates through the sampler's backend, the policy.
     """
 
     def __init__(self, sampler: Sampler, renderer: ChatRenderer, examples: ExampleBank, options: RehearserOptions,
-                 frozen: bool = False, is_error: Callable[[str], bool] = json_error) -> None:
+                 frozen: bool = False, is_error: Callable[[str], bool] = json_error, backend: Backend | None = None
+                 ) -> None:
         self.sampler, self.renderer, self.examples, self.options, self.frozen = \
             sampler, renderer, examples, options, frozen
-        self.is_error = is_error
+        self.is_error, self.backend = is_error, backend
+
+    def reseeded(self, sampler: Sampler, options: RehearserOptions, frozen: bool) -> Rehearser:
+        """The same rehearser (model, renderer, grounding, error rule) drawing through another sampler."""
+        return Rehearser(sampler, self.renderer, self.examples, options, frozen, self.is_error, self.backend)
 
     def rehearse(self, pending: list[Pending]) -> list[Rehearsal]:
         if not pending:
@@ -71,8 +79,9 @@ class Rehearser:
             shown.append([e.content for e in examples])
             messages = rehearser_prompt(ep.task, p.call, examples, ep.history, ep.latest, self.options)
             prompts.append(self.renderer.messages(messages))
-        gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen,
-                            tasks=[p.episode.task.uid for p in pending], temperature=self.options.temperature)
+        gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen and self.backend is None,
+                            backend=self.backend, tasks=[p.episode.task.uid for p in pending],
+                            temperature=self.options.temperature)
         out = []
         for p, prompt, gen, examples in zip(pending, prompts, gens, shown, strict=True):
             parsed = parse_execution_result(strip_thinking(gen.text))

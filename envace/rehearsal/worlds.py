@@ -153,13 +153,19 @@ class Shadow(World):
     """`fed` answers and is fed back; `beside` answers the same calls for the fidelity ledger only.
 
     `share` < 1 shadows that share of episodes (drawn once per episode, so a shadowed episode's real
-    environment sees every call of it, in order). A call `fed` already answered in `beside`'s kind (a
+    environment sees every call of it, in order). `which` narrows it to some calls of those episodes (the
+    user turns of `RolloutConfig.shadow_turns`); `beside` must then be a world without state of its own (the
+    rehearser), or its environment would miss calls. A call `fed` already answered in `beside`'s kind (a
     Dyna-mixed real call) is not answered again.
     """
 
     def __init__(self, fed: World, beside: World, share: float = 1.0, rng: random.Random | None = None,
                  forks: Forks | None = None, embedding: bool = False,
-                 is_error: Callable[[str], bool] = json_error) -> None:
+                 is_error: Callable[[str], bool] = json_error, which: Callable[[Pending], bool] | None = None
+                 ) -> None:
+        if which is not None and beside.touches_env:
+            raise ValueError("Shadow: a real world beside must see every call of its episode (no `which`)")
+        self.which = which
         self.fed, self.beside, self.share, self.rng = fed, beside, share, rng or random.Random(0)
         self.is_error = is_error  # the benchmark's failure convention, for the real side of error agreement
         self.touches_env = fed.touches_env or (beside.touches_env and share > 0)
@@ -173,7 +179,8 @@ class Shadow(World):
 
     def answer(self, pending: list[Pending]) -> list[Answer]:
         fed = self.fed.answer(pending)
-        ask = [self._shadowed(p.episode) and (a.real if self.beside.kind == "real" else a.rehearsal) is None
+        ask = [self._shadowed(p.episode) and (self.which is None or self.which(p))
+               and (a.real if self.beside.kind == "real" else a.rehearsal) is None
                for p, a in zip(pending, fed, strict=True)]
         beside = iter(self.beside.answer([p for p, k in zip(pending, ask, strict=True) if k]))
         answers = []
