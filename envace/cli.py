@@ -510,15 +510,16 @@ def cmd_envs(args: argparse.Namespace) -> int:
     not load (it is listed, the others keep working)."""
     from envace.envs import registry
 
-    rows = registry.installed()
+    rows = registry.installed(args.envs or None)
     width = max(len(r.name) for r in rows)
     source_width = max(len(r.source) for r in rows)
-    print(f"{'env':<{width}}  {'source':<{source_width}}  categories")
+    print(f"{'env':<{width}}  {'source':<{source_width}}  categories (each loads a task and resets an environment)")
     for r in rows:
         shown = f"error: {r.error}" if r.error else ", ".join(r.categories)
         print(f"{r.name:<{width}}  {r.source:<{source_width}}  {shown}")
-    print("also: --env package.module:factory (a module on the path; docs/environments.md)")
-    return 0
+    if not args.envs:
+        print("also: --env package.module:factory (a module on the path; docs/environments.md)")
+    return 2 if args.envs and any(r.error for r in rows) else 0
 
 
 
@@ -536,14 +537,18 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     known: list[tuple[str, str]] = []
     for category in benchmark.categories:
         with console.status(f"replaying {category} …"):
-            checked = check_category(benchmark, category)
+            checked = check_category(benchmark, category, args.workers)
         n, failures = len(checked.tasks), checked.failures
-        fell, held = len(checked.control("fell")), len(checked.control("held"))
+        fell, held = len(checked.control("fell")), checked.control("held")
         passed, total = passed + n - len(failures), total + n
-        control = f"negative control fell {fell}/{fell + held}" + (f" (did not fall: {held})" if held else "")
         rejected = f", {len(checked.rejected)} call(s) rejected" if checked.rejected else ""
-        print(f"{category:<28} {n - len(failures)}/{n}  {control}{rejected}"
-              + (f"  failed: {', '.join(failures[:5])}" if failures else ""), flush=True)
+        print(f"{category:<28} {n - len(failures)}/{n}  negative control fell {fell}/{fell + len(held)}{rejected}",
+              flush=True)
+        for what, uids in (("failed", failures), ("negative control did not fall on", held)):
+            if uids:  # every task named, its `env/category/` prefix said once
+                prefix = os.path.commonprefix(uids).rpartition("/")[0]
+                names = [u[len(prefix) + 1:] if prefix else u for u in uids]
+                print(f"  {what} {len(uids)}{f' ({prefix}/…)' if prefix else ''}: {', '.join(names)}", flush=True)
         found += problems(checked, benchmark.known_defects)
         known += known_failures(checked, benchmark.known_defects)
     print(f"{passed}/{total} ground-truth trajectories pass the official checker"
@@ -752,6 +757,8 @@ def _play_commands(sub) -> None:
                    help="parallel and/or sequential (default: parallel,sequential)")
     p.add_argument("--config", default=None, help=config_help)
     _add_config_flags(p, _SWEEP_FLAGS, private=False)
+    p.add_argument("--private-memory", dest="private_memory", default=None, type=_typed,
+                   help="how every cell's attempts become its memory: summary | transcript (default: the config's)")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -852,8 +859,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="the folder to write (new or empty)")
     p.add_argument("--format", default="hf-datasets", help="hf-datasets | parquet | jsonl (default: hf-datasets)")
     p.set_defaults(func=cmd_export)
-    sub.add_parser("envs", help="list the environments: built-in, installed plugins (entry points), and errors"
-                   ).set_defaults(func=cmd_envs)
+    p = sub.add_parser("envs", help="list the environments: built-in, installed plugins (entry points), and errors")
+    p.add_argument("envs", nargs="*", metavar="ENV", help="check these only (names or package.module:factory "
+                                                          "specs): exit 2 when one does not load")
+    p.set_defaults(func=cmd_envs)
     p = sub.add_parser("check-env", help="replay every ground-truth trajectory through execute() and the official "
                                          "checker, with a negative control")
     p.add_argument("env", help="an env name (`envace envs`) or package.module:factory")
@@ -861,6 +870,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "and the budgets `auto` resolves to")
     p.add_argument("--model", default="default",
                    help="--stats: whose tokenizer counts the tokens (default: default)")
+    p.add_argument("--workers", type=_positive("--workers"), default=None,
+                   help="processes replaying tasks (default: one per core; 1: none, all in this process)")
     p.set_defaults(func=cmd_check_env)
     _bench_command(sub)
     return parser

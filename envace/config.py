@@ -294,7 +294,9 @@ class RolloutConfig(Config):
             # The one leakage rule: a rehearser on tasks outside the train split never sees those tasks'
             # own gold results (they would reach the caller in rehearse mode, inflate fidelity in shadow).
             raise UsageError(f"rehearser.fewshot: 'reference' shows the rehearser each task's own gold results, "
-                             f"which on {self.split}-split tasks is leakage; use other_tasks or none")
+                             f"which on {self.split}-split tasks is leakage; use other_tasks or none (a config "
+                             f"written before this rule: set fewshot = \"other_tasks\" under [rollout.rehearser], "
+                             f"or --split train to rehearse train tasks with their own results)")
         check_model_spec(self.model)
         for name in ("user_model", "rehearser_model"):
             if getattr(self, name):

@@ -229,7 +229,9 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
             if cell.model not in backends:
                 _close(list(backends.values()))
                 backends.clear()  # one model in memory (one server running) at a time
-                backends[cell.model] = load_backend(cell.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
+                # the scripted reference policy holds each cell's own tasks: the cell's job builds it
+                backends[cell.model] = None if cell.model == REFERENCE_MODEL else \
+                    load_backend(cell.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
             if hasattr(backends[cell.model], "clear_caches"):
                 backends[cell.model].clear_caches()
             _, summary = eval_job(cell.model, cfg, cell_root, run_name, reporter, backends[cell.model])

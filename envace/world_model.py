@@ -91,7 +91,9 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B"
     both = left.index.intersection(right.index)
     differ = len(left.index.union(right.index)) - len(both)
     same = left.loc[both, ["tool", "arguments"]].equals(right.loc[both, ["tool", "arguments"]])
-    if differ or not same or not len(both):
+    if not len(left.index.union(right.index)):
+        raise UsageError(f"{names[0]} and {names[1]} hold no rehearsed calls to compare")
+    if differ or not same:
         moved = differ + (0 if same else int((left.loc[both, ["tool", "arguments"]] !=
                                               right.loc[both, ["tool", "arguments"]]).any(axis=1).sum()))
         raise UsageError(f"{names[0]} and {names[1]} rehearsed different calls: {moved} of "

@@ -51,7 +51,7 @@ class DriftingRehearser(ReferencePolicy):
 @pytest.fixture(scope="session")
 def store(tmp_path_factory, bfcl, tiny):
     """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a scripted caller whose
-    every call has a wrongly typed argument (`broken`), a world-model run rehearsed with the gold (`measured`), a
+    every call names a tool the task does not have (`broken`), a world-model run rehearsed with the gold (`measured`), a
     tiny-model shadow rollout (`shadow`), a tiny training run (`trained`) and a tiny private-rehearsal sweep
     (`sw`)."""
     from dataclasses import replace
@@ -65,7 +65,7 @@ def store(tmp_path_factory, bfcl, tiny):
     cfg = RolloutConfig(model="tiny", mode="real+shadow", limit=2, max_steps_per_turn=20, embedding=False)
     tasks = bfcl.load_tasks(cfg.category, cfg.split, cfg.limit)
     rollout_job(cfg, root, "scripted", reporter=quiet, backend=DriftingRehearser(tiny[1], tasks))
-    bad_call = '<tool_call>\n{"name": "cd", "arguments": {"folder": 3}}\n</tool_call>'
+    bad_call = '<tool_call>\n{"name": "rm_rf", "arguments": {"folder": 3}}\n</tool_call>'
     rollout_job(replace(cfg, limit=1, max_steps_per_turn=2), root, "broken", reporter=quiet,
                 backend=ReferencePolicy(tiny[1], tasks[:1], bad_call))
     from envace.jobs import world_model_job

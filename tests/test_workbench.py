@@ -87,9 +87,9 @@ def test_filters_sort_and_the_rows_reward_and_advantage(store):
     with pytest.raises(UsageError):
         wb.episodes("scripted", fidelity="great")
     assert wb.steps("scripted", high["episode_id"][0])["advantage"].isna().all()  # a rollout has no groups
-    assert wb.error_kinds("broken") == ["INVALID_PARAMETERS"] and wb.error_kinds("scripted") == []
-    assert len(wb.episodes("broken", error_kind="INVALID_PARAMETERS")) == 1
-    assert wb.episodes("scripted", error_kind="INVALID_PARAMETERS").empty
+    assert wb.error_kinds("broken") == ["TOOL_NOT_AVAILABLE"] and wb.error_kinds("scripted") == []
+    assert len(wb.episodes("broken", error_kind="TOOL_NOT_AVAILABLE")) == 1
+    assert wb.episodes("scripted", error_kind="TOOL_NOT_AVAILABLE").empty
     trained = wb.episodes("trained")
     steps = pd.concat([wb.steps("trained", e) for e in trained["episode_id"]])
     assert steps["advantage"].notna().all()

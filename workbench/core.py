@@ -266,16 +266,18 @@ class Workbench:
         """A world-model benchmark run (`envace world-model`; any run with pairs): per tool and overall, the calls,
         the tasks, the share of valid results and each metric's mean with its 95% bootstrap interval over tasks
         (`<metric>_lo`, `<metric>_hi`)."""
-        return world_model.table(self._world_model_pairs(run_id))
+        return world_model.table(self.world_model_calls(run_id))
 
     def world_model_compare(self, run_a: str, run_b: str) -> pd.DataFrame:
         """Two runs' rehearsals of the same calls, paired: per metric A's and B's means, Δ = B − A with its paired
         95% interval over tasks, the calls B scores higher and lower on, and the sign test. Runs over different
         calls raise UsageError (saying how many differ)."""
-        return world_model.compare(world_model.matched(self._world_model_pairs(run_a),
-                                                       self._world_model_pairs(run_b), (run_a, run_b)))
+        return world_model.compare(world_model.matched(self.world_model_calls(run_a),
+                                                       self.world_model_calls(run_b), (run_a, run_b)))
 
-    def _world_model_pairs(self, run_id: str) -> pd.DataFrame:
+    def world_model_calls(self, run_id: str) -> pd.DataFrame:
+        """One row per rehearsed call of a run: its key (episode, turn, step, index), tool, arguments, `valid` and
+        every metric; `envace.world_model.matched` pairs two runs' rows call by call."""
         with self._lock:
             return world_model.pairs(self.con, self._source("pairs", run_id), check_run_id(run_id))
 

@@ -8,17 +8,14 @@ with a default, so an entry written against an older workbench keeps working.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from envace.envs.base import Environment
-from envace.formats import as_json_value, is_error_value
+from envace.envs.base import Environment, json_error
 from envace.types import Task
 
-
-def json_error(content: str) -> bool:
-    """The default failure convention: the result is a JSON object with an `error` key (BFCL's tools, the rehearser)."""
-    return is_error_value(as_json_value(content))
+__all__ = ["Benchmark", "json_error"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +34,8 @@ class Benchmark:
     # (task, k) -> the task cut after turn k, its checker's data included: what turn-level episodes need
     truncate: Callable[[Task, int], Task] | None = None
     # Whether a tool result's text reports a failure, for results written by the rehearser (and fidelity's error
-    # agreement); None: a JSON object with an `error` key. The real environment flags its own results.
+    # agreement); None: the environment's own rule (`Environment.result_is_error`), which its real results go
+    # through too. Set it only to override that rule.
     result_is_error: Callable[[str], bool] | None = None
     # Task uid -> why its gold cannot pass through the tools: a defect of the benchmark's own data (a gold call its
     # schema refuses, a gold product missing from the database). `check-env` reports these by name and fails on
@@ -52,5 +50,20 @@ class Benchmark:
     judge_context: Callable[[Task], str] | None = None
 
     def is_error(self, content: str) -> bool:
-        """Whether `content`, a tool result as the caller sees it, reports a failure in this benchmark's convention."""
-        return bool((self.result_is_error or json_error)(content))
+        """Whether `content`, a tool result as the caller sees it, reports a failure in this benchmark's convention:
+        `result_is_error`, else the environment's own rule (the one its real results go through)."""
+        return bool((self.result_is_error or environment_rule(self.make_env))(content))
+
+
+def environment_rule(make_env: Callable[[], Environment]) -> Callable[[str], bool]:
+    """The error rule of the environments `make_env` builds: read off the class, or off one instance (a factory)."""
+    if isinstance(make_env, type) and issubclass(make_env, Environment):
+        return make_env.result_is_error
+    if isinstance(make_env, Hashable):
+        return _instance_rule(make_env)
+    return make_env().result_is_error
+
+
+@functools.lru_cache(maxsize=64)
+def _instance_rule(make_env: Callable[[], Environment]) -> Callable[[str], bool]:
+    return make_env().result_is_error

@@ -7,19 +7,23 @@ For every task of a category (both splits), on a fresh environment each time:
 2. the checker scores the dispatched calls, each its own step: the gold must pass (`payload["reference_texts"]`
    are the answers a perfect caller says, for checkers that read them);
 3. negative control: the same replay without the last state-changing reference call (the last one whose result
-   is not an error) must fail. A task where it still passes is counted, not raised: in some τ² tasks the last
-   such call is a read the checker does not look at. A task with no state-changing call has no control.
+   is not an error) must fail. A task where it still passes is named, not raised: in some τ² tasks the last
+   such call is a read the checker does not look at. A task with no state-changing call has no control;
+4. every result the environment flagged as an error must be one its error rule recognises
+   (`Benchmark.is_error`, what rehearsed results go through): otherwise a rehearsal of that very text would
+   count as a success.
 
 `problems` turns a category's counts into what `check-env` fails on, one line each: gold that fails, reference
-calls the environment rejects, and a negative control that fell on none of the tasks that have one (the score
-does not depend on the calls). A control that held on some tasks only is reported in the counts. Tasks the
-benchmark lists in `known_defects` (its data contradicts itself) are reported with their reason instead, and a
-listed task whose gold passes is a problem: the list is kept true.
+calls the environment rejects, flagged results the error rule misses, and a negative control that fell on none
+of the tasks that have one (the score does not depend on the calls). Tasks the benchmark lists in
+`known_defects` (its data contradicts itself) are reported with their reason instead, and a listed task whose
+gold passes is a problem: the list is kept true.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ class TaskCheck:
     detail: str
     rejected: tuple[tuple[str, str], ...]  # (call name, the environment's error) for every refused reference call
     control: str
+    unrecognised: tuple[str, ...] = ()  # results the environment flagged that its error rule does not recognise
 
 
 @dataclass
@@ -50,6 +55,11 @@ class CategoryCheck:
     @property
     def failures(self) -> list[str]:
         return [t.uid for t in self.tasks if not t.passed]
+
+    @property
+    def unrecognised(self) -> list[tuple[str, str]]:
+        """(task uid, result text) of every flagged result the error rule misses."""
+        return [(t.uid, text) for t in self.tasks for text in t.unrecognised]
 
     @property
     def rejected(self) -> list[tuple[str, str, str]]:
@@ -94,20 +104,33 @@ def _score(benchmark: Benchmark, task: Task, steps: Steps):
 def check_task(benchmark: Benchmark, task: Task, control: bool = True) -> TaskCheck:
     steps, results = _replay(benchmark, task)
     rejected = tuple((task.reference[k][i].call.name, r.content) for k, i, r in results if not r.dispatched)
+    unrecognised = tuple(r.content for _, _, r in results
+                         if r.dispatched and r.is_error and not benchmark.is_error(r.content))
     verdict = _score(benchmark, task, steps)
     writes = [(k, i) for k, i, r in results if not r.is_error]
     outcome = "none"
     if writes and control:
         cut, _ = _replay(benchmark, task, skip=writes[-1])
         outcome = "held" if _score(benchmark, task, cut).success else "fell"
-    return TaskCheck(task.uid, verdict.success, verdict.detail, rejected, outcome)
+    return TaskCheck(task.uid, verdict.success, verdict.detail, rejected, outcome, unrecognised)
 
 
-def _check_slice(name: str, category: str, offset: int, limit: int | None, control: bool) -> list[TaskCheck]:
-    from envace.envs import registry
+def _check_slice(benchmark: Benchmark | str, category: str, offset: int, limit: int | None, control: bool
+                 ) -> list[TaskCheck]:
+    if isinstance(benchmark, str):  # a benchmark that does not pickle is found again by its name
+        from envace.envs import registry
 
-    benchmark = registry.get(name)
+        benchmark = registry.get(benchmark)
     return [check_task(benchmark, task, control) for task in benchmark.load_tasks(category, Split.ALL, limit, offset)]
+
+
+def _portable(benchmark: Benchmark) -> Benchmark | str:
+    """The benchmark itself for a worker process when it pickles (no import by name again), else its name."""
+    try:
+        pickle.dumps(benchmark)
+        return benchmark
+    except Exception:  # noqa: BLE001 - a lambda, a closure, a local class: anything that does not pickle
+        return benchmark.name
 
 
 def check_category(benchmark: Benchmark, category: str, workers: int | None = None, chunk: int = 8,
@@ -116,18 +139,19 @@ def check_category(benchmark: Benchmark, category: str, workers: int | None = No
 
     Chunks of `chunk` tasks are spread over `workers` processes (one per core by default) until a chunk comes back
     short: building and scoring τ² environments is pure-Python validation of their databases, so it scales with
-    cores, and no worker builds a task it does not check. Workers find the benchmark again by its name (a plugin's
-    name is its entry point or its `module:factory` spec, so they do).
+    cores, and no worker builds a task it does not check. Workers get the benchmark itself when it pickles, else
+    find it again by its name (a plugin's name is its entry point or its `module:factory` spec).
     """
     workers = workers or len(os.sched_getaffinity(0))
     if workers <= 1:
-        return CategoryCheck(category, _check_slice(benchmark.name, category, 0, None, control))
+        return CategoryCheck(category, _check_slice(benchmark, category, 0, None, control))
     out, offset, done = CategoryCheck(category), 0, False
+    portable = _portable(benchmark)
     with ProcessPoolExecutor(workers) as pool:
         running = []
         while running or not done:
             while not done and len(running) < workers:
-                running.append(pool.submit(_check_slice, benchmark.name, category, offset, chunk, control))
+                running.append(pool.submit(_check_slice, portable, category, offset, chunk, control))
                 offset += chunk
             part = running.pop(0).result()
             out.tasks += part
@@ -161,11 +185,17 @@ def problems(checked: CategoryCheck, known: Mapping[str, str] | None = None, sho
         details = {t.uid: t.detail for t in checked.tasks}
         out.append(f"{c}: {len(failures)}/{total} ground-truth trajectories fail the checker: "
                    + "; ".join(f"{uid} ({details[uid][:120]})" for uid in failures[:shown]))
+    unrecognised = [u for u in checked.unrecognised if u[0] not in known]
+    if unrecognised:
+        first = "; ".join(f"{uid}: {text[:80]!r}" for uid, text in unrecognised[:shown])
+        out.append(f"{c}: {len(unrecognised)} result(s) the environment flags as errors that its error rule does "
+                   f"not recognise, so a rehearsal of the same text counts as a success (define "
+                   f"Environment.result_is_error): {first}")
     stale = [t.uid for t in checked.tasks if t.passed and t.uid in known]
     if stale:
         out.append(f"{c}: {len(stale)} task(s) listed as known defects pass their gold: {', '.join(stale[:shown])}")
     fell, held = checked.control("fell"), checked.control("held")
     if held and not fell:
         out.append(f"{c}: negative control did not fall on any of {len(held)} task(s): dropping the last "
-                   f"state-changing call never changes the score ({', '.join(held[:shown])})")
+                   f"state-changing call never changes the score ({', '.join(held)})")
     return out

@@ -37,7 +37,7 @@ def entry_point_names() -> dict[str, EntryPoint]:
     return found
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
@@ -52,11 +52,22 @@ def _benchmark(target: object, name: str, where: str) -> Benchmark:
         except UsageError as exc:
             raise UsageError(f"env plugin {where}: {exc}") from None
         except Exception as exc:  # a plugin's own bug is reported, never raised through the workbench
-            raise UsageError(f"env plugin {where}: the factory raised {_one_line(exc)}") from None
+            raise UsageError(f"env plugin {where}: the factory raised {one_line(exc)}") from None
         if not isinstance(target, Benchmark):
             raise UsageError(f"env plugin {where}: the factory returned {type(target).__name__}, "
                              "expected envace.envs.registry.Benchmark")
-    return target if target.name == name else replace(target, name=name)
+    return target if target.name == name else replace(target, name=name, load_tasks=_labelled(target.load_tasks, name))
+
+
+def _labelled(load_tasks, name: str):
+    """`load_tasks` whose tasks name the benchmark as the run does (`Task.env`, what `episodes.env` stores): the
+    entry point or the `module:factory` spec, whatever the plugin calls itself, so a stored run finds its
+    benchmark again from its own rows."""
+    def load(*args, **kwargs):
+        return [t if t.env == name else replace(t, env=name) for t in load_tasks(*args, **kwargs)]
+
+    load.__wrapped__ = load_tasks
+    return load
 
 
 def from_entry_point(ep: EntryPoint) -> Benchmark:
@@ -64,7 +75,7 @@ def from_entry_point(ep: EntryPoint) -> Benchmark:
     try:
         target = ep.load()
     except Exception as exc:  # ImportError, AttributeError, or the module's own error at import
-        raise UsageError(f"env plugin {where}: cannot load it ({_one_line(exc)})") from None
+        raise UsageError(f"env plugin {where}: cannot load it ({one_line(exc)})") from None
     return _benchmark(target, ep.name, where)
 
 
@@ -77,7 +88,7 @@ def from_spec(spec: str) -> Benchmark:
     try:
         target = importlib.import_module(module_name)
     except Exception as exc:
-        raise UsageError(f"env plugin {where}: cannot import {module_name} ({_one_line(exc)})") from None
+        raise UsageError(f"env plugin {where}: cannot import {module_name} ({one_line(exc)})") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise UsageError(f"env plugin {where}: module {module_name} has no '{attribute}'")

@@ -19,27 +19,22 @@ __all__ = ["Benchmark", "Installed", "get", "installed", "names"]
 
 def _bfcl() -> Benchmark:
     from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, truncate
-    from envace.envs.bfcl.data import KNOWN_DEFECTS
 
-    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate,
-                     known_defects=KNOWN_DEFECTS)
+    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate)
 
 
 def _tau2() -> Benchmark:
     from envace.envs.tau2 import CATEGORIES, Tau2Env, load_tasks
-    from envace.envs.tau2.env import result_is_error
 
-    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env, result_is_error=result_is_error)
+    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env)
 
 
 def _vitabench() -> Benchmark:
     from envace.envs.vitabench import CATEGORIES, VitaBenchEnv, load_tasks
     from envace.envs.vitabench.data import KNOWN_DEFECTS, judge_context, rubrics
-    from envace.envs.vitabench.env import result_is_error
 
     return Benchmark("vitabench", CATEGORIES, "delivery_solo", load_tasks, VitaBenchEnv,
-                     result_is_error=result_is_error, known_defects=KNOWN_DEFECTS, rubrics=rubrics,
-                     judge_context=judge_context)
+                     known_defects=KNOWN_DEFECTS, rubrics=rubrics, judge_context=judge_context)
 
 
 _BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2, "vitabench": _vitabench}
@@ -71,17 +66,43 @@ class Installed:
     error: str = ""
 
 
-def installed() -> list[Installed]:
-    """Every built-in and entry-point environment, each loaded once to read its categories."""
+def installed(names_: list[str] | None = None) -> list[Installed]:
+    """Every built-in and entry-point environment (or the `names_` given, specs too), each loaded as a run would
+    load it (`probe`): its categories, or the first thing that fails."""
     rows = []
-    for name in names():
+    for name in names() if names_ is None else names_:
         if name in _BENCHMARKS:
             source = "built-in"
-        else:
+        elif name in plugins.entry_point_names():
             source = f"entry point {plugins.entry_point_names()[name].value}"
+        else:
+            source = "spec" if plugins.is_spec(name) else "unknown"
         try:
-            rows.append(Installed(name, source, get(name).categories))
+            rows.append(Installed(name, source, probe(get(name))))
         except Exception as exc:  # a broken built-in (missing data) is listed like a broken plugin
             rows.append(Installed(name, source, error=str(exc).strip().splitlines()[0] if str(exc).strip()
                                   else type(exc).__name__))
     return rows
+
+
+def probe(benchmark: Benchmark) -> tuple[str, ...]:
+    """Its categories, once each has loaded one task and reset a fresh environment on it (a factory whose data
+    path is unset fails here, not in the first command); what fails is one UsageError line naming it."""
+    if not benchmark.categories:
+        raise UsageError(f"env '{benchmark.name}' has no categories")
+    for category in benchmark.categories:
+        where = f"env '{benchmark.name}' category {category}"
+        try:
+            tasks = benchmark.load_tasks(category, "all", 1)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        except Exception as exc:  # a plugin's own bug: reported, never raised through the workbench
+            raise UsageError(f"{where}: load_tasks raised {plugins.one_line(exc)}") from None
+        if not tasks:
+            raise UsageError(f"{where}: load_tasks returned no task")
+        try:
+            benchmark.make_env().reset(tasks[0])
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise UsageError(f"{where}: an environment could not be reset on {tasks[0].uid} "
+                             f"({plugins.one_line(exc)})") from None
+    return benchmark.categories

@@ -56,15 +56,16 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
     return None
 
 
-def check_call(call: ToolCall, tools: dict[str, dict[str, Any]]) -> tuple[str, str] | None:
-    """Validate a call against the episode's tools (name → OpenAI function schema).
+def check_call(call: ToolCall, tools: dict[str, dict[str, Any]], arguments: bool = True) -> tuple[str, str] | None:
+    """Validate a call against the episode's tools (name → OpenAI function schema); its arguments too unless
+    `arguments` is False (`Environment.validate_arguments`).
 
     Returns None when the call may be dispatched, else (error kind, message).
     """
     schema = tools.get(call.name)
     if not isinstance(schema, dict):
         return TOOL_NOT_AVAILABLE, f"tool '{call.name}' is not available"
-    problem = check_arguments(call.arguments, schema.get("parameters", {}))
+    problem = check_arguments(call.arguments, schema.get("parameters", {})) if arguments else None
     if problem:
         return INVALID_PARAMETERS, problem
     return None

@@ -88,9 +88,17 @@ class RehearsedWorld(World):
 
     def answer(self, pending: list[Pending]) -> list[Answer]:
         ends = self.rehearser.options.on_error == "end_episode"
-        return [Answer(r.result, "rehearsed", check_call(p.call, p.episode.tools) is None, rehearsal=r,
+        return [Answer(r.result, "rehearsed", _dispatchable(p), rehearsal=r,
                        ends="rehearsal_error" if ends and r.parsed.error else None)
                 for p, r in zip(pending, self.rehearser.rehearse(pending), strict=True)]
+
+
+def _dispatchable(p: Pending) -> bool:
+    """Whether the episode's environment would have run the call (its own validation rule; an imagined attempt,
+    which has no environment, the full schema check)."""
+    env = p.episode.env
+    return (env.dispatchable(p.call, p.episode.tools) if env is not None else check_call(p.call, p.episode.tools)) \
+        is None
 
 
 class DynaMix(World):

@@ -20,11 +20,6 @@ from envace.types import ReferenceStep, Split, Task
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 
-# BFCL's gold closes ticket 'ticket_001' where `close_ticket`'s schema says an integer. BFCL never validates, so its
-# checker passes its own gold; the workbench validates every call, so scenario 173 cannot pass in any category.
-KNOWN_DEFECTS = {f"bfcl/{category}_173": "gold close_ticket(ticket_id='ticket_001') is refused by the tool's own "
-                 "schema (ticket_id: integer)" for category in CATEGORIES}
-
 # BFCL's own user message at the turn where held-out functions are revealed (miss_func).
 ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 

@@ -3,8 +3,9 @@
 Results follow upstream's calling convention (TOOLS.md §1): a string passes through, a number becomes the
 JSON text of its Python text (`"35.0"`, quotes included), a list a JSON list of such texts; a soft failure
 is a plain sentence with the error flag off; a hard failure (the tool raised) is `Error: <message>` with the
-flag on, as `EXECUTION_ERROR`. Unlike upstream, the base class validates every call against the official
-schema first (types, required and unknown parameters), so schema-invalid calls never reach a tool.
+flag on, as `EXECUTION_ERROR`. As upstream, no argument is checked against the schema first
+(`validate_arguments`): `get_holiday_date(year=2025)` runs with its integer, and a call the tool cannot take
+fails in the tool (`Error: …`). A tool the task does not have is still refused before any runs.
 
 `score` replays the episode's dispatched calls on a fresh database and runs §7's end-state check on it
 (an offline deterministic substitute for the official LLM judge; not comparable with published numbers).
@@ -44,6 +45,9 @@ def result_is_error(content: str) -> bool:
 
 class VitaBenchEnv(Environment):
     """VitaBench delivery or in-store (English or Chinese): state is one `Database` per episode."""
+
+    validate_arguments = False
+    result_is_error = staticmethod(result_is_error)
 
     def _setup(self, task: Task) -> None:
         self.db = Database.of(task.payload["task"]["environment"])

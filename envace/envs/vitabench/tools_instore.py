@@ -68,7 +68,7 @@ class InstoreTools(SharedTools):
         product.quantity = quantity  # in place: the shop listing and earlier orders show it (§2)
         order = Order(order_id=self._new_id(), order_type="instore", user_id=user_id, store_id=shop_id,
                       status="unpaid", products=[product], total_price=float(quantity * product.price),
-                      create_time=self.db.time, update_time=self.db.time)
+                      shipping_time=0.0, create_time=self.db.time, update_time=self.db.time)  # upstream's 0.0
         self.db.orders[order.order_id] = order
         return str(order)
 

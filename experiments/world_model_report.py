@@ -1,0 +1,178 @@
+"""The tables of docs/results.md "The world model, measured", read from the store `world_model_study.sh` wrote.
+
+    .venv/bin/python experiments/world_model_report.py [--root runs] [--tag wm] [--seeds 0 1 2]
+        [--arms envace fidelity caller_only real_env control]
+    .venv/bin/python experiments/world_model_report.py --seed 0 --best   # the best trained arm's run name
+
+World model: every arm's benchmark run (`wm-ARM-screened-TAG-sSEED`) against SFT's (`wm-sft-TAG`) on the same
+gold calls, paired by call (`Workbench.world_model_compare`: Δ = arm − SFT, a bootstrap interval resampling
+tasks, the sign test over the calls whose score differs); then split by whether the call's tool was called in the
+arm's trained pool, and by tool. Private rehearsal: every cell of the two sweeps (`private-summary-TAG`,
+`private-transcript-TAG`): memories accepted, outcome against the same model without rehearsal (paired by
+turn), and the cost per committed turn. The training tables per arm are experiments/turns_report.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+
+from envace import world_model
+from envace.envs import registry
+from envace.errors import UsageError
+from envace.stats import cluster_bootstrap, sign_test
+from envace.units import whole_uid
+from workbench import Workbench
+
+METRICS = ("exact", "structure_f1", "value_acc", "error_agree", "valid", "embed_cos")
+
+
+def md(frame: pd.DataFrame) -> str:
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "–" if np.isnan(v) else f"{v:.3f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)])
+
+
+def pool_tools(wb: Workbench, run: str) -> set[str]:
+    """The tools of the gold calls of an arm's trained turns (`grpo_units`)."""
+    units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units") or []
+    bfcl = registry.get("bfcl")
+    tasks = {t.uid: t for t in bfcl.load_tasks("multi_turn_base", "train")}
+    tools = set()
+    for uid in units:
+        turn = int(uid.rsplit("@t", 1)[1])
+        tools |= {step.call.name for step in tasks[whole_uid(uid)].reference[turn]}
+    return tools
+
+
+def paired(frame: pd.DataFrame) -> dict[str, str]:
+    """Δ (arm − SFT) of each metric over matched calls: `Δ (low … high) p` cells."""
+    out = {"calls": str(len(frame))}
+    for m in METRICS:
+        both = frame[[f"{m}_a", f"{m}_b", "episode_id"]].dropna()
+        diff = both[f"{m}_b"] - both[f"{m}_a"]
+        if not len(diff):
+            out[f"Δ {m}"] = "–"
+            continue
+        lo, hi = cluster_bootstrap(diff, both["episode_id"])
+        out[f"Δ {m}"] = f"{diff.mean():+.3f} ({lo:+.3f} … {hi:+.3f}) p={sign_test(diff):.3g}"
+    return out
+
+
+def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str], present: set[str]) -> None:
+    sft = f"wm-sft-{tag}"
+    if sft not in present:
+        print(f"(no {sft} yet)")
+        return
+    base = wb.world_model_calls(sft)
+    print(f"\n### The world-model benchmark: SFT ({sft})\n")
+    table = wb.world_model(sft)
+    print(md(pd.DataFrame({"tool": table["tool"], "calls": table["calls"], "tasks": table["tasks"], **{
+        label: [f"{v:.3f} ({lo:.3f} … {hi:.3f})" if v == v else "–"
+                for v, lo, hi in zip(table[m], table[f"{m}_lo"], table[f"{m}_hi"], strict=True)]
+        for m, label in world_model.LABELS.items()}})))
+    overall, split, tools = [], [], []
+    for seed in seeds:
+        for arm in arms:
+            run = f"{arm}-screened-{tag}-s{seed}"
+            if f"wm-{run}" not in present:
+                continue
+            matched = world_model.matched(base, wb.world_model_calls(f"wm-{run}"), (sft, f"wm-{run}"))
+            overall.append({"arm": arm, "seed": seed, **paired(matched)})
+            in_pool = matched["tool"].isin(pool_tools(wb, run))
+            for name, part in (("tool called in the trained pool", matched[in_pool]),
+                               ("tool not called in the trained pool", matched[~in_pool])):
+                split.append({"arm": arm, "seed": seed, "calls of": name, **paired(part)})
+            for tool, part in matched.groupby("tool"):
+                d = (part["exact_b"] - part["exact_a"]).to_numpy(float)
+                f = (part["structure_f1_b"] - part["structure_f1_a"]).to_numpy(float)
+                tools.append({"arm": arm, "seed": seed, "tool": tool, "calls": len(part),
+                              "SFT exact": part["exact_a"].mean(), "arm exact": part["exact_b"].mean(),
+                              "Δ exact": d.mean(), "Δ struct F1": f.mean(), "calls up/down (struct F1)":
+                              f"{(f > 0).sum()}/{(f < 0).sum()}"})
+    if overall:
+        print("\n### Each arm against SFT on the same calls (Δ = arm − SFT, 95% interval over tasks, sign test p)\n")
+        print(md(pd.DataFrame(overall)))
+        print("\n### Split by whether the tool was called in the arm's trained pool\n")
+        print(md(pd.DataFrame(split)))
+        print("\n### Per tool (exact and struct F1)\n")
+        print(md(pd.DataFrame(tools)))
+
+
+def private_tables(wb: Workbench, tag: str, present: set[str]) -> None:
+    rows = []
+    for memory in ("summary", "transcript"):
+        sweep = f"private-{memory}-{tag}"
+        if sweep not in present:
+            continue
+        cells = wb.sweep(sweep)
+        for cell in cells.itertuples(index=False):
+            episodes = wb.episodes(cell.cell_run, limit=1_000_000).set_index("task_uid")["checklist"]
+            plain = wb.episodes(f"{sweep}-{cell.label}-none-0", limit=1_000_000).set_index("task_uid")["checklist"]
+            common = episodes.index.intersection(plain.index)
+            diffs = (episodes[common] - plain[common]).to_numpy(float)
+            memories = wb.sql(f"SELECT memory, memory_error FROM memories WHERE run_id = '{cell.cell_run}'")
+            accepted = int((memories["memory_error"].isna() & (memories["memory"] != "")).sum())
+            lo, hi = cluster_bootstrap(diffs) if cell.budget else (float("nan"), float("nan"))
+            rows.append({"memory": memory, "model": cell.label, "mode": cell.mode, "N": cell.budget,
+                         "turns": len(episodes), "scored": int((episodes > 0).sum()), "checklist": episodes.mean(),
+                         "memories accepted": f"{accepted}/{len(memories)}" if len(memories) else "–",
+                         "Δ checklist vs N = 0": diffs.mean() if cell.budget else float("nan"),
+                         "95% CI": f"{lo:+.3f} … {hi:+.3f}" if cell.budget else "–",
+                         "sign p": sign_test(diffs) if cell.budget else float("nan"),
+                         "private tokens / turn": cell.private_tokens_per_episode,
+                         "s / turn": cell.wall_s_per_episode})
+    if rows:
+        print("\n### Private rehearsal on the 24 test turns, both memory kinds\n")
+        print(md(pd.DataFrame(rows)))
+
+
+def best_arm(wb: Workbench, tag: str, seed: int, arms: list[str], present: set[str]) -> str:
+    """The trained arm (not the control) whose screen after training scores most often on its trained turns."""
+    scores = {}
+    for arm in arms:
+        run = f"{arm}-screened-{tag}-s{seed}"
+        if arm == "control" or f"screen-{run}" not in present:
+            continue
+        units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units") or []
+        episodes = wb.episodes(f"screen-{run}", limit=1_000_000)
+        scores[run] = int((episodes[episodes["task_uid"].isin(units)]["checklist"] > 0).sum())
+    if not scores:
+        raise UsageError(f"no arm of tag {tag}, seed {seed} has been screened after training")
+    print(f"scored on the trained turns after training: {scores}", file=sys.stderr)
+    return max(scores, key=lambda r: (scores[r], -list(scores).index(r)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default="runs")
+    parser.add_argument("--tag", default="wm")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--seed", type=int, default=0, help="--best: the seed whose arms compete")
+    parser.add_argument("--arms", nargs="*", default=["envace", "fidelity", "caller_only", "real_env", "control"])
+    parser.add_argument("--best", action="store_true", help="print the best trained arm's run name and stop")
+    args = parser.parse_args()
+    wb = Workbench(args.root)
+    present = set(wb.runs().query("status == 'completed'")["run_id"])
+    try:
+        if args.best:
+            print(best_arm(wb, args.tag, args.seed, args.arms, present))
+            return 0
+        world_model_tables(wb, args.tag, args.seeds, args.arms, present)
+        private_tables(wb, args.tag, present)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
