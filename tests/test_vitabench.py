@@ -145,7 +145,8 @@ def test_shared_tools_and_base_class_validation():
     # as upstream, no schema check before a tool runs: a call the tool cannot take fails in it
     extra = _run(env, "get_user_all_orders", user_id="U955818")
     assert extra.dispatched and extra.error_kind == "EXECUTION_ERROR" and extra.content.startswith("Error: ")
-    assert _run(env, "get_holiday_date", year=2025, holiday_name="Dragon Boat").content == "2025-05-31"
+    assert _run(env, "get_holiday_date", year=2025, holiday_name="Dragon Boat").content == \
+        "No holiday data for the year 2025."
     assert _run(env, "create_delivery_order").error_kind == "TOOL_NOT_AVAILABLE"
     assert env.db.orders.keys() == load_task("instore", "10826017").payload["task"]["environment"]["orders"].keys()
 
