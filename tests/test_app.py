@@ -49,10 +49,11 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     client = Client(app_url, verbose=False)
     note, table, bars, calibration, over, measured = client.predict("scripted", api_name="/fidelity")
     assert {r[0] for r in table["data"]} >= {"cd", "mkdir", "all"} and bars and calibration and note == ""
-    assert measured["data"] in (None, [])  # a rollout is not the world-model benchmark: no interval table
-    *_, measured = client.predict("measured", api_name="/fidelity")
-    exact = measured["headers"].index("exact")
-    assert measured["data"][-1][0] == "all" and measured["data"][-1][exact] == "1.00 (1.00–1.00)"
+    assert not measured.get("visible") and not (measured.get("value") or {}).get("data")  # not the benchmark
+    *_, measured = client.predict("measured", api_name="/fidelity")  # a world-model run: its interval table
+    table = measured["value"]
+    assert measured["visible"] and table["data"][-1][0] == "all"
+    assert table["data"][-1][table["headers"].index("exact")] == "1.00 (1.00–1.00)"
     note, *_ = client.predict("shadow", api_name="/fidelity")  # the tiny model's shadow run: no pair at all
     assert "No pairs" in note and "real+shadow" in note
     note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")

@@ -51,6 +51,15 @@ def test_a_rehearser_answering_with_the_gold_scores_one_on_every_call(tmp_path, 
     assert table.iloc[-1]["tool"] == "all" and table.iloc[-1]["calls"] == len(frame)
 
 
+@pytest.mark.parametrize("env, category", [("bfcl", "multi_turn_base"), ("tau2", "telecom_solo"),
+                                           ("vitabench", "delivery_solo")])
+def test_a_model_rehearses_every_gold_call_of_each_benchmark(tmp_path, env, category):
+    run, _ = world_model_job("tiny", _base(env, category, limit=1), tmp_path, "tiny", quiet)
+    frame = world_model.pairs(connect(tmp_path), "pairs", "tiny")
+    assert len(frame) == _gold_calls(env, category, 1) > 0
+    assert json.loads((run.path / "run.json").read_text())["model"] == "tiny"  # the model measured, not the caller
+
+
 def test_an_empty_rehearsal_scores_what_score_pair_says(tmp_path, tiny):
     tasks = registry.get("bfcl").load_tasks("multi_turn_base", "test", 1)
     empty = ReferencePolicy(tiny[1], tasks, rehearsal_text="<execution_result>{}</execution_result>")
