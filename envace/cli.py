@@ -526,16 +526,28 @@ def cmd_envs(args: argparse.Namespace) -> int:
 def cmd_check_env(args: argparse.Namespace) -> int:
     """Replay every reference through `execute()` and the checker, with a negative control (`envs/check.py`)."""
     from envace.envs import registry
-    from envace.envs.check import check_category, known_failures, problems
+    from envace.envs.check import check_category, has_gold, known_failures, problems
 
     benchmark = registry.get(args.env)
     console = _console()
     if args.stats:
         return _gold_stats(benchmark, args.model, console)
+    categories = benchmark.categories
+    if args.category is not None:
+        if args.category not in categories:
+            raise UsageError(f"category: unknown {benchmark.name} category '{args.category}' "
+                             f"(choose from {', '.join(categories)})")
+        categories = (args.category,)
+    gold = {c: has_gold(benchmark, c) for c in categories}
+    if args.category is not None and not gold[args.category]:
+        raise UsageError(f"{benchmark.name} {args.category} has no gold answers to replay")
     passed = total = 0
     found: list[str] = []
     known: list[tuple[str, str]] = []
-    for category in benchmark.categories:
+    for category in categories:
+        if not gold[category]:
+            print(f"{category:<28} no gold answers to replay (the benchmark keeps none for it)", flush=True)
+            continue
         with console.status(f"replaying {category} …"):
             checked = check_category(benchmark, category, args.workers)
         n, failures = len(checked.tasks), checked.failures
@@ -872,6 +884,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--stats: whose tokenizer counts the tokens (default: default)")
     p.add_argument("--workers", type=_positive("--workers"), default=None,
                    help="processes replaying tasks (default: one per core; 1: none, all in this process)")
+    p.add_argument("--category", default=None, help="check this category only (default: every one)")
     p.set_defaults(func=cmd_check_env)
     _bench_command(sub)
     return parser

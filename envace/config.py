@@ -290,6 +290,9 @@ class RolloutConfig(Config):
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top_p: must be in (0, 1], got {self.top_p!r}")
         rehearses = self.mode != "real" or self.private.active
+        if rehearses and self.category in benchmark.call_only:
+            raise UsageError(f"mode: {self.env} {self.category} is scored on the calls of one message and no tool "
+                             f"runs, so there is nothing to rehearse (use mode real, without private rehearsal)")
         if rehearses and self.split != "train" and self.rehearser.fewshot == "reference":
             # The one leakage rule: a rehearser on tasks outside the train split never sees those tasks'
             # own gold results (they would reach the caller in rehearse mode, inflate fidelity in shadow).
@@ -465,6 +468,11 @@ class TrainConfig(Config):
         at_least(self, 0, "fidelity_weight")
         if self.model == "reference":
             raise UsageError("model: `reference` replays the gold and has no weights to train")
+        from envace.envs import registry
+
+        if self.variant != "real_env" and self.rollout.category in registry.get(self.rollout.env).call_only:
+            raise UsageError(f"rollout.category: {self.rollout.category} is scored on one message and no tool runs, "
+                             "so it cannot be rehearsed; train on it with variant real_env")
         if self.rollout.rehearser_model:
             raise UsageError("rollout.rehearser_model: training rehearses with the policy itself (an external "
                              "rehearser is for rollout, eval and world-model)")

@@ -117,6 +117,9 @@ class Task:
     payload: dict[str, Any] = field(default_factory=dict)
     simulated_user: SimulatedUser | None = None
     start_turn: int = 0  # turns before it are replayed from the gold reference (`envace.units`)
+    # The most caller messages a turn of this task may take, whatever the rollout allows (BFCL's single-turn items
+    # are scored on one message); None: the rollout's `max_steps_per_turn`.
+    max_steps_per_turn: int | None = None
     # Tasks that must stay on one side of the train/test split (near-duplicates, one instruction with
     # several start states). The split and the leakage guard compare groups, never texts; empty means
     # the task is its own group (`envace.types.task_group`).

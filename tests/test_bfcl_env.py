@@ -3,6 +3,7 @@ import json
 from envace.envs.base import Environment
 from envace.envs.bfcl.calls import parse_call_string, to_call_string
 from envace.envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, split_of
+from envace.envs.bfcl.data import CATEGORIES as MULTI_TURN
 from envace.envs.check import check_category
 from envace.types import Score, Task, ToolCall, ToolResult
 
@@ -11,7 +12,7 @@ def test_every_ground_truth_trajectory_passes_through_execute_as_bfcls_harness_r
     """BFCL's harness checks no argument against the schema: its gold `close_ticket(ticket_id='ticket_001')`
     (the schema says integer) runs, the tool answers that no such ticket exists, and the gold passes. So it
     does here (`BFCLEnv.validate_arguments`): 200/200 in every category, nothing rejected."""
-    for category in bfcl.categories:
+    for category in MULTI_TURN:
         checked = check_category(bfcl, category)
         assert len(checked.tasks) == 200 and checked.failures == [] and checked.rejected == []
         # dropping the last call that did not fail always fails the checker: the negative control falls everywhere
@@ -95,7 +96,7 @@ def test_environment_exceptions_become_tool_errors():
 
 def test_split_is_by_scenario_and_shared_across_categories(bfcl):
     assert [split_of(i) for i in range(8)] == ["train"] * 3 + ["test"] + ["train"] * 3 + ["test"]
-    for category in bfcl.categories:
+    for category in MULTI_TURN:
         test = bfcl.load_tasks(category, "test")
         assert len(test) == 50 and all(t.scenario % 4 == 3 for t in test)
         assert all(t.split == "train" for t in bfcl.load_tasks(category, "train", limit=20))

@@ -41,6 +41,9 @@ class Benchmark:
     # schema refuses, a gold product missing from the database). `check-env` reports these by name and fails on
     # every other failure, and on a listed task that passes (the list must stay true).
     known_defects: Mapping[str, str] = field(default_factory=dict)
+    # Categories scored on the calls of one caller message, where no tool runs (BFCL's single-turn AST and
+    # relevance categories): rehearsal, shadow pairs and private rehearsal do not apply to them.
+    call_only: tuple[str, ...] = ()
     # Task -> the natural-language checks an LLM judge scores on an episode's transcript (`envace judge`,
     # `envace/judge.py`), each string once; None: the benchmark has none. Its verdicts are stored apart from the
     # official score (table `judgements`), as the `rubric_judge` sub-score.

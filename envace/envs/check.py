@@ -166,6 +166,12 @@ def replay_reference_scores(benchmark: Benchmark, category: str, workers: int | 
     return len(checked.tasks) - len(checked.failures), len(checked.tasks), checked.failures
 
 
+def has_gold(benchmark: Benchmark, category: str) -> bool:
+    """Whether the category's tasks carry gold to replay (BFCL's live_relevance keeps none: `payload["gold"]`)."""
+    first = benchmark.load_tasks(category, Split.ALL, 1)
+    return bool(first) and first[0].payload.get("gold", True) is not False
+
+
 def known_failures(checked: CategoryCheck, known: Mapping[str, str]) -> list[tuple[str, str]]:
     """(task uid, documented reason) of each failing task the benchmark lists as a defect of its data."""
     return [(uid, known[uid]) for uid in checked.failures if uid in known]

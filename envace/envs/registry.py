@@ -18,9 +18,10 @@ __all__ = ["Benchmark", "Installed", "get", "installed", "names"]
 
 
 def _bfcl() -> Benchmark:
-    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, truncate
+    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, single, truncate
 
-    return Benchmark("bfcl", CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate)
+    return Benchmark("bfcl", CATEGORIES + single.CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate,
+                     known_defects=single.KNOWN_DEFECTS, call_only=single.CATEGORIES)
 
 
 def _tau2() -> Benchmark:

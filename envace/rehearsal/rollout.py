@@ -135,11 +135,14 @@ class RolloutEngine:
                 "response": result.content, "is_error": result.is_error, "error_kind": result.error_kind}
 
     def step_limit(self, ep: Episode) -> int:
-        """Caller messages allowed in the current turn: the config's, or the turn's gold calls + 1 (`auto`)."""
+        """Caller messages allowed in the current turn: the config's, or the turn's gold calls + 1 (`auto`), and
+        never more than the task's own limit (`Task.max_steps_per_turn`)."""
         if self.config.max_steps_per_turn != "auto":
-            return self.config.max_steps_per_turn
-        turn = min(ep.turn, len(ep.task.reference) - 1)
-        return len(ep.task.reference[turn]) + 1 if turn >= 0 else 1
+            limit = self.config.max_steps_per_turn
+        else:
+            turn = min(ep.turn, len(ep.task.reference) - 1)
+            limit = len(ep.task.reference[turn]) + 1 if turn >= 0 else 1
+        return limit if ep.task.max_steps_per_turn is None else min(limit, ep.task.max_steps_per_turn)
 
     def turn_ids(self, ep: Episode, memory: str = "") -> list[int]:
         """The caller context with the current user turn rendered (with a private-rehearsal memory)."""

@@ -126,9 +126,15 @@ def truncate(task: Task, k: int) -> Task:
 
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
                offset: int = 0) -> list[Task]:
-    """Tasks of one category and split, in BFCL's id order; `limit`/`offset` slice after the split."""
+    """Tasks of one category and split, in BFCL's id order; `limit`/`offset` slice after the split. The
+    single-turn categories come from `single.py`."""
+    from envace.envs.bfcl import single
+
+    if category in single.CATEGORIES:
+        return single.load_tasks(category, split, limit, offset)
     if category not in CATEGORIES:
-        raise UsageError(f"unknown BFCL category '{category}' (choose from {', '.join(CATEGORIES)})")
+        raise UsageError(f"unknown BFCL category '{category}' (choose from "
+                         f"{', '.join(CATEGORIES + single.CATEGORIES)})")
     if split not in tuple(Split):
         raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
     entries, answers = _raw(category)

@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from envace.envs.base import Environment, Steps
+from envace.envs.bfcl import single
 from envace.envs.bfcl.calls import to_call_string
 from envace.formats import is_error_value
 from envace.types import Score, Task, ToolCall, ToolResult
@@ -49,6 +50,9 @@ class BFCLEnv(Environment):
         entry = task.payload["entry"]
         self.instances: dict[str, Any] = {}
         self._methods: dict[str, Any] = {}
+        self.single = task.category in single.CATEGORIES  # scored on its calls, nothing runs (`single.py`)
+        if self.single:
+            return
         for class_name in entry["involved_classes"]:
             cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
             instance = cls()
@@ -63,7 +67,13 @@ class BFCLEnv(Environment):
     def positional_names(self, function: str) -> list[str]:
         return list(inspect.signature(self._methods[function]).parameters)
 
+    def dispatchable(self, call: ToolCall, tools: dict[str, dict[str, Any]] | None = None) -> tuple[str, str] | None:
+        """A single-turn item's checker sees every call of the message, one to a function it lacks included."""
+        return None if self.single else super().dispatchable(call, tools)
+
     def _dispatch(self, call: ToolCall) -> ToolResult:
+        if self.single:
+            return ToolResult(single.NOT_EXECUTED)
         method = self._methods.get(call.name)
         if method is None:
             return ToolResult(f"Error during execution: name '{call.name}' is not defined", is_error=True,
@@ -76,7 +86,10 @@ class BFCLEnv(Environment):
 
     def score(self, task: Task, steps: Steps, texts: list[str] | None = None,
               termination: str = "completed") -> Score:
-        """BFCL's `multi_turn_checker` (state and response checks), plus eval_runner's turn-count rule."""
+        """BFCL's `multi_turn_checker` (state and response checks), plus eval_runner's turn-count rule; a
+        single-turn item's own checker (`single.score`)."""
+        if task.category in single.CATEGORIES:
+            return single.score(task, steps)
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
