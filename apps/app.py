@@ -13,7 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from apps import dashboards, inspector, launcher
-from apps.common import percent, score
+from apps.common import percent, score, shown_errors
 from apps.render import empty_state, warnings_md
 from workbench import Workbench
 
@@ -43,7 +43,8 @@ def run_table(wb: Workbench) -> pd.DataFrame:
 
 RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
                "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
-_OPENS = {"train": "training", "sweep": "rehearsal"}  # the tab a click on a run opens (else the Inspector)
+# the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
+_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs"}
 
 
 def build(root: str | Path = "runs", experiments: str | Path = "experiments",
@@ -58,6 +59,9 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
                 warnings = gr.Markdown(elem_id="store-warnings")
                 runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False,
                                     elem_id="runs-table")
+                suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named "
+                                                 "in the headers)", interactive=False, visible=False,
+                                           elem_id="suite-table")
             with gr.Tab("Inspector", id="inspector"):
                 inspected = inspector.build(app, wb, timer)
             with gr.Tab("Fidelity", id="fidelity") as tab:
@@ -74,15 +78,18 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             frame = run_table(wb)
             return empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), frame
 
+        @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):
             run_id, kind = frame.iloc[evt.index[0]]["run"], frame.iloc[evt.index[0]]["kind"]
             tab = _OPENS.get(kind, "inspector")
+            suite = gr.Dataframe(value=wb.suite(run_id), visible=True) if kind == "suite" else \
+                gr.Dataframe(visible=False)
             return (gr.Tabs(selected=tab), run_id if tab == "inspector" else gr.skip(),
-                    [run_id] if tab == "training" else gr.skip(), run_id if tab == "rehearsal" else gr.skip())
+                    [run_id] if tab == "training" else gr.skip(), run_id if tab == "rehearsal" else gr.skip(), suite)
 
         # re-read the store on every tick: the tabs see new shards by their next query
         gr.on([app.load, timer.tick], refresh, None, [empty, warnings, runs])
-        runs.select(open_run, runs, [tabs, inspected, trained, swept])
+        runs.select(open_run, runs, [tabs, inspected, trained, swept, suite_table])
     return app
 
 

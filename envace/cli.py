@@ -18,7 +18,7 @@ import threading
 import time
 import tomllib
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -270,6 +270,62 @@ def cmd_world_model_compare(args: argparse.Namespace) -> int:
                       f"{r['sign_p']:.3g}")
     _console().print(table)
     return 0
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    """`envace suite MODEL`: BFCL-v4, τ²-Bench and VitaBench as the paper reports them, beside its rows."""
+    from envace import suite
+    from envace.jobs import suite_job
+    from envace.store import connect, get_run
+
+    if (args.private is None) != (args.budget is None) or args.private not in (None, "parallel", "sequential"):
+        raise UsageError("--private parallel|sequential and --budget K go together")
+    cfg = _rollout_config(args, _SUITE_FLAGS)
+    if args.private:
+        cfg = replace(cfg, private=replace(cfg.private, mode=args.private, budget=args.budget))
+    name = args.name or f"suite-{time.strftime('%Y%m%d-%H%M%S')}"
+    console = _console()
+    run, _ = suite_job(name, args.model, cfg, args.limit, runs_root(args.root), _LiveReporter(console))
+    _suite_tables(console, suite.outcomes(connect(runs_root(args.root)), get_run(runs_root(args.root), run.run_id)),
+                  run.run_id, args.limit)
+    return 0
+
+
+def _suite_tables(console, outcomes, run_id: str, limit: int | None) -> None:
+    from rich.table import Table
+
+    from envace import suite
+
+    fmt = lambda v: "-" if v != v else f"{v:.1f}"  # noqa: E731
+    smoke = f" (first {limit} items each: a smoke, not a score)" if limit else ""
+    cells = Table("benchmark", "category", "rehearsal", "items", "success (95% CI)", "note",
+                  title=f"{run_id}: every cell{smoke}")
+    for r in suite.cell_table(outcomes).to_dict("records"):
+        rehearsal = "-" if not r["budget"] else f"{r['private']} N={r['budget']}"
+        cells.add_row(r["env"], r["category"], rehearsal, str(r["items"]),
+                      "-" if r["success"] != r["success"] else f"{r['success']:.1f} ({r['lo']:.1f}–{r['hi']:.1f})",
+                      r.get("note") if isinstance(r.get("note"), str) else "")
+    console.print(cells)
+    paper = suite.paper()
+    headline = suite.headline(outcomes, run_id)
+    table = Table(title="the paper's table, ours beside its published rows")
+    for n, column in enumerate(headline.columns):
+        table.add_column(column, no_wrap=n == 0)
+    for row in headline.itertuples(index=False):
+        table.add_row(*row)
+    console.print(table)
+    console.print("comparable: the BFCL categories run, each scored by bfcl_eval's own checker. Not comparable: the "
+                  "BFCL-v4 column is offline (web search's weight removed, memory not run: 0), τ²'s customer is "
+                  "our own model, VitaBench is scored by a deterministic substitute for its LLM judge. "
+                  f"Published rows: {paper['source']}.", markup=False)
+    if any(c.budget for c in outcomes):
+        second = Table("setting", "τ²-Bench", "BFCL multi-turn", "mean", title="private rehearsal, ours and published")
+        for r in suite.rehearsal_summary(outcomes).to_dict("records"):
+            second.add_row(f"this run: {r['setting']}", fmt(r["tau2"]), fmt(r["bfcl_multi_turn"]), fmt(r["overall"]))
+        for r in paper["rehearsal"]:
+            second.add_row(f"{r['setting']} (published)", fmt(r["tau2"]), fmt(r["bfcl_multi_turn"]),
+                           fmt(r["overall"]))
+        console.print(second)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -710,6 +766,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 _EVAL_FLAGS = tuple(n for n in _ROLLOUT_FLAGS if n != "model")  # the model is eval's first argument
 # world-model: the benchmark's tasks and where to generate; the caller, mode and sampling are the benchmark's own
+_SUITE_FLAGS = ("max_new_tokens", "max_steps_per_turn", "tool_docs", "caller_demo", "user_model",
+                "user_max_new_tokens", "max_user_turns", "backend", "max_batch_tokens", "thinking")
 _WORLD_MODEL_FLAGS = ("env", "category", "split", "limit", "offset", "backend", "max_batch_tokens", "report_to")
 _SWEEP_FLAGS = _EVAL_FLAGS  # a sweep sets the model and the private rehearsal per cell
 
@@ -758,6 +816,20 @@ def _play_commands(sub) -> None:
     p.add_argument("run_a")
     p.add_argument("run_b")
     p.set_defaults(func=cmd_world_model_compare)
+
+    p = _with_root(sub.add_parser("suite", help="BFCL-v4, τ²-Bench and VitaBench as the paper reports them, "
+                                                 "beside its published rows (one eval run per cell, resumable)"))
+    p.add_argument("model", help="default, tiny, a checkpoint folder, a server URL or reference")
+    p.add_argument("--name", default=None, help="the suite's run and the prefix of its cells (default: generated; "
+                                                "a re-run with the same name keeps the finished cells)")
+    p.add_argument("--limit", type=_positive("--limit"), default=None,
+                   help="the first N items of each cell: a smoke of the whole suite, not a score")
+    p.add_argument("--private", default=None, help="also run τ² and BFCL multi-turn with private rehearsal: "
+                                                   "parallel | sequential (with --budget)")
+    p.add_argument("--budget", type=_positive("--budget"), default=None, help="imagined attempts N per turn")
+    p.add_argument("--config", default=None, help=config_help + " (budgets, docs, the user model)")
+    _add_config_flags(p, _SUITE_FLAGS, private=False)
+    p.set_defaults(func=cmd_suite)
 
     p = _with_root(sub.add_parser("sweep", help="private-rehearsal budget sweep: grid × modes × models → one table"))
     p.add_argument("--name", required=True, help="sweep name: its table's run and the prefix of its cell runs")

@@ -194,7 +194,6 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
 
     A re-run keeps every cell whose run completed and redoes the others from scratch.
     """
-    from envace.policy import load_backend
     from envace.rehearsal import sweep
 
     reporter = reporter or Reporter()
@@ -204,39 +203,13 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
     configs = [replace(base, model=c.model, private=replace(base.private, mode=c.mode, budget=c.budget),
                        report_to="none") for c in grid]  # the sweep reports its table, once
     grid_config = {"models": models, "modes": modes, "budgets": budgets, "base": asdict(base)}
-    if (root / name / "run.json").exists():  # resuming: the grid may have changed, the finished cells stay
-        table_run = Run(root, name)
-        table_run.update(status="running", config=grid_config)
-    else:
-        table_run = Run.create(root, "sweep", grid_config, "", name)
+    table_run = _table_run(root, name, "sweep", grid_config, "")
     rows: list[dict[str, Any]] = []
     backends: dict[str, Any] = {}
     with table_run.running():
         for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
             run_name = cell.run_name(name)
-            cell_root = root
-            if (root / run_name).exists():
-                meta = get_run(root, run_name) if (root / run_name / "run.json").exists() else {}
-                if meta.get("status") == "completed":
-                    reporter.say(f"cell {n}/{len(grid)} {run_name}: done already, kept")
-                    rows.append(sweep.cell_row(name, cell, run_name, meta.get("summary") or {}))
-                    continue
-                # an unfinished cell is redone beside the old one and swapped in when done: a reader meanwhile
-                # sees the old cell, never a missing folder
-                cell_root = root / STAGING
-                shutil.rmtree(cell_root / run_name, ignore_errors=True)
-            reporter.say(f"cell {n}/{len(grid)} {run_name}")
-            if cell.model not in backends:
-                _close(list(backends.values()))
-                backends.clear()  # one model in memory (one server running) at a time
-                # the scripted reference policy holds each cell's own tasks: the cell's job builds it
-                backends[cell.model] = None if cell.model == REFERENCE_MODEL else \
-                    load_backend(cell.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
-            if hasattr(backends[cell.model], "clear_caches"):
-                backends[cell.model].clear_caches()
-            _, summary = eval_job(cell.model, cfg, cell_root, run_name, reporter, backends[cell.model])
-            if cell_root != root:
-                swap_in(cell_root / run_name, root / run_name)
+            summary = _play_cell(root, run_name, cfg, backends, reporter, f"cell {n}/{len(grid)}")
             rows.append(sweep.cell_row(name, cell, run_name, summary))
             sweep.write_table(table_run, rows)
         sweep.write_table(table_run, rows)
@@ -246,6 +219,74 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
                                                                            "private_tokens_per_episode")}})
         for i, r in enumerate(rows)])
     table_run.update(status="completed", summary={"cells": len(rows)})
+    return table_run, rows
+
+
+def _table_run(root: Path, name: str, kind: str, config: dict[str, Any], model: str) -> Run:
+    """A grid's own run (its table), created, or reopened on a re-run (the grid may have changed: the finished
+    cells stay)."""
+    if (root / name / "run.json").exists():
+        table_run = Run(root, name)
+        table_run.update(status="running", config=config)
+        return table_run
+    return Run.create(root, kind, config, model, name)
+
+
+def _play_cell(root: Path, run_name: str, cfg: RolloutConfig, backends: dict[str, Any], reporter: Reporter,
+               label: str) -> dict[str, Any]:
+    """One cell of a grid (a sweep's, a suite's): its eval run's summary. A cell whose run completed before is
+    kept; an unfinished one is redone beside the old and swapped in when done (a reader meanwhile sees the old
+    cell, never a missing folder). `backends` holds the one model in memory (one server running) at a time."""
+    from envace.policy import load_backend
+
+    cell_root = root
+    if (root / run_name).exists():
+        meta = get_run(root, run_name) if (root / run_name / "run.json").exists() else {}
+        if meta.get("status") == "completed":
+            reporter.say(f"{label} {run_name}: done already, kept")
+            return meta.get("summary") or {}
+        cell_root = root / STAGING
+        shutil.rmtree(cell_root / run_name, ignore_errors=True)
+    reporter.say(f"{label} {run_name}")
+    if cfg.model not in backends:
+        _close(list(backends.values()))
+        backends.clear()
+        # the scripted reference policy holds each cell's own tasks: the cell's job builds it
+        backends[cfg.model] = None if cfg.model == REFERENCE_MODEL else \
+            load_backend(cfg.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
+    if hasattr(backends[cfg.model], "clear_caches"):
+        backends[cfg.model].clear_caches()
+    _, summary = eval_job(cfg.model, cfg, cell_root, run_name, reporter, backends[cfg.model])
+    if cell_root != root:
+        swap_in(cell_root / run_name, root / run_name)
+    return summary
+
+
+def suite_job(name: str, model: str, base: RolloutConfig, limit: int | None = None, root: str | Path = "runs",
+              reporter: Reporter | None = None) -> tuple[Run, list[dict[str, Any]]]:
+    """The paper's benchmarks for `model` (`envace/suite.py`): one eval run per cell, one table run `name` of kind
+    `suite` whose summary lists the cells. A re-run keeps every completed cell and plays the others."""
+    from envace import suite
+
+    reporter = reporter or Reporter()
+    root, name = Path(root), check_run_id(name)
+    grid = suite.cells(base.private.mode, base.private.budget)
+    configs = [suite.cell_config(cell, base, model, limit) for cell in grid]  # every cell checked before the first
+    grid_config = {"model": model, "limit": limit, "base": asdict(base)}
+    table_run = _table_run(root, name, suite.KIND, grid_config, model)
+    rows: list[dict[str, Any]] = []
+    backends: dict[str, Any] = {}
+    try:
+        with table_run.running():
+            for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
+                run_name = cell.run_name(name)
+                done = _play_cell(root, run_name, cfg, backends, reporter, f"cell {n}/{len(grid)}")
+                rows.append({**asdict(cell), "cell_run": run_name, "episodes": done.get("episodes", 0),
+                             "success_rate": done.get("success_rate")})
+                table_run.update(summary={"cells": rows})
+    finally:
+        _close(list(backends.values()))
+    table_run.update(status="completed", summary={"cells": rows})
     return table_run, rows
 
 

@@ -52,8 +52,8 @@ class DriftingRehearser(ReferencePolicy):
 def store(tmp_path_factory, bfcl, tiny):
     """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a scripted caller whose
     every call names a tool the task does not have (`broken`), a world-model run rehearsed with the gold (`measured`), a
-    tiny-model shadow rollout (`shadow`), a tiny training run (`trained`) and a tiny private-rehearsal sweep
-    (`sw`)."""
+    tiny-model shadow rollout (`shadow`), a suite of three cells played by the gold (`paper`), a tiny training run
+    (`trained`) and a tiny private-rehearsal sweep (`sw`)."""
     from dataclasses import replace
 
     from envace.cli import main
@@ -74,6 +74,15 @@ def store(tmp_path_factory, bfcl, tiny):
                     backend=ReferencePolicy(tiny[1], tasks))  # every gold call rehearsed with its gold result
     assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
                  "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
+    from unittest import mock
+
+    from envace import suite
+    from envace.jobs import suite_job
+
+    three = [suite.Cell("bfcl", "simple_python", "all"), suite.Cell("bfcl", "multi_turn_base", "all"),
+             suite.Cell("tau2", "airline", "test")]  # a suite of three real cells: what the views read is the same
+    with mock.patch.object(suite, "cells", lambda *_: three):
+        suite_job("paper", "reference", RolloutConfig(embedding=False), 1, root, quiet)
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "trained"]) == 0
     assert main(["sweep", "--name", "sw", "--models", "tiny=tiny", "--budgets", "0,1", "--modes", "parallel",
                  "--config", "experiments/smoke.toml", "--root", str(root)]) == 0

@@ -153,6 +153,25 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
 
 
+def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from workbench import Workbench
+
+    browser.get(app_url)
+    _open_tab(browser, "Runs")
+    row = list(Workbench(store).runs()["run_id"]).index("paper")  # the table lists runs newest first, as runs()
+    cell = (By.CSS_SELECTOR, f"#runs-table [data-testid='cell-{row}-0']")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(*cell) and "paper" in d.find_element(*cell).text)
+    browser.find_element(*cell).click()
+    table = (By.ID, "suite-table")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(*table) and "EnvACE-8B (published)" in
+                                     d.find_element(*table).text)
+    text = browser.find_element(*table).text
+    assert "this run: paper" in text and "BFCL-v4 (offline overall)" in text and _toasts(browser) == []
+
+
 @pytest.fixture(scope="module")
 def real_app_url(real_store):
     port = _free_port()

@@ -9,6 +9,7 @@ serialises queries: the app calls in from several threads and a DuckDB connectio
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -261,6 +262,18 @@ class Workbench:
             f"USING (run_id, step, episode_id) WHERE p.run_id = ? AND e.phase = 'grpo' GROUP BY p.step) "
             f"ON {', '.join(_FIDELITY)} INTO NAME name VALUE value) ORDER BY step, source, name",
             [check_run_id(run_id), run_id])
+
+    def suite(self, run_id: str) -> pd.DataFrame:
+        """A suite run (`envace suite`) as the paper's table: our row (mean and 95% interval per benchmark and
+        overall) above the published rows; substitutes are named in the column headers."""
+        from envace import suite
+
+        meta = self.runs().set_index("run_id").loc[check_run_id(run_id)]
+        if meta["kind"] != suite.KIND:
+            raise UsageError(f"run '{run_id}' is a {meta['kind']} run, not a suite")
+        with self._lock:
+            outcomes = suite.outcomes(self.con, {"summary": json.loads(meta["summary"] or "{}")})
+        return suite.headline(outcomes, run_id)
 
     def world_model(self, run_id: str) -> pd.DataFrame:
         """A world-model benchmark run (`envace world-model`; any run with pairs): per tool and overall, the calls,

@@ -74,6 +74,8 @@ class ReferencePolicy:
         start = max((i for i in users if blocks[i] in openings), default=users[0])
         turn, step = sum(i > start for i in users), len(blocks) - 1 - users[-1]
         reference = task.reference[turn] if turn < len(task.reference) else []
+        if task.max_steps_per_turn == 1:  # a turn of one message (BFCL single-turn): every call in it, in parallel
+            return "\n".join(render_tool_call(r.call) for r in reference) if step == 0 and reference else "Done."
         return render_tool_call(reference[step].call) if step < len(reference) else "Done."
 
     def _rehearser(self, text: str, task: Task | None) -> str:

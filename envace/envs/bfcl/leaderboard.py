@@ -20,6 +20,7 @@ others renormalised (to 80). It is not the leaderboard's number and is labelled 
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 WEIGHTS = {"non_live": 10, "live": 10, "irrelevance": 10, "multi_turn": 30, "agentic": 40}
@@ -52,6 +53,7 @@ def _weighted(parts: list[dict[str, Any]], na: bool = True) -> dict[str, Any]:
                   na and any(p["display_accuracy"] == "N/A" for p in parts))
 
 
+@cache
 def category_count(category: str) -> int:
     """How many items a category has (what a missing category counts for in a weighted mean)."""
     from bfcl_eval.utils import load_dataset_entry
