@@ -104,8 +104,8 @@ def pair_html(call: dict[str, Any]) -> str:
     header = (f'<div class="call-head"><code>{escape(str(call["name"]))}({escape(str(call["arguments"]))})</code>'
               f' <span class="fed">the caller saw the answer of {escape(_label(SOURCE_LABELS, call["source"]))}'
               "</span></div>")
-    real, rehearsed = call.get("real_response"), call.get("rehearsed_response")
-    if real is None and rehearsed is None:  # one-sided run: only the response the caller saw
+    real, rehearsed = (None if _missing(call.get(k)) else call.get(k) for k in ("real_response", "rehearsed_response"))
+    if real is None and rehearsed is None:  # one-sided call (a run, or a turn, not shadowed): the response it saw
         return (f'<div class="call">{header}<pre class="response {escape(str(call["source"]))}">'
                 f'{response_html(call["response"], {})}</pre></div>')
     changes = json_diff(real, rehearsed) if real is not None and rehearsed is not None else []

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # "The world model, measured" (docs/results.md): does GRPO training change the world model, and does
 # task+fidelity change it more? From one SFT checkpoint (16 train tasks), the pool screened (its 53 turns) and
-# capped at POOL_MAX turns spread over its scenarios, the arms EnvACE, task+fidelity, caller-only, real-env and
-# the lr = 1e-12 control, STEPS GRPO steps each, for each seed of SEEDS (experiments/bfcl_turns_cpu.sh: every
+# capped at POOL_MAX turns spread over its scenarios, the arms EnvACE, the lr = 1e-12 control, task+fidelity,
+# caller-only and real-env, STEPS GRPO steps each, for each seed of SEEDS (experiments/bfcl_turns_cpu.sh: every
 # arm is then evaluated on the 24 test turns and screens its pool again). Before and after: the world-model
 # benchmark on the gold calls of the first WM_LIMIT BFCL test tasks (20: 130 calls, the same for every
 # checkpoint). Then private rehearsal with the SFT checkpoint and the best trained one (most scored episodes on
@@ -15,7 +15,7 @@ CONFIG=experiments/bfcl_turns_cpu.toml
 ROOT=${ENVACE_RUNS:-runs}
 TAG=${TAG:-wm}
 SEEDS=${SEEDS:-0 1 2}
-ARMS=${ARMS:-envace fidelity caller_only real_env control}
+ARMS=${ARMS:-envace control fidelity caller_only real_env}  # the control early: every arm is read against it
 WM_LIMIT=${WM_LIMIT:-20}
 envace() { .venv/bin/envace "$@"; }
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
@@ -23,14 +23,15 @@ measure() {  # the world-model benchmark of one checkpoint: wm-NAME
   done_run "wm-$1" || envace world-model "$2" --config "$CONFIG" --limit "$WM_LIMIT" --run-name "wm-$1"
 }
 
+FIRST=${SEEDS%% *}
 for seed in $SEEDS; do
-  TAG=$TAG SEED=$seed SFT_TASKS=16 SCREEN_LIMIT=53 POOL_MAX=${POOL_MAX:-8} STEPS=${STEPS:-10} ARMS=$ARMS \
-    bash experiments/bfcl_turns_cpu.sh
   measure "sft-$TAG" "$ROOT/sft-$TAG/checkpoint"
-  for arm in $ARMS; do
+  for arm in $ARMS; do  # one arm at a time, measured as soon as it is trained: what finishes is reported
+    TAG=$TAG SEED=$seed SFT_TASKS=16 SCREEN_LIMIT=53 POOL_MAX=${POOL_MAX:-8} STEPS=${STEPS:-10} ARMS=$arm \
+      bash experiments/bfcl_turns_cpu.sh
     measure "$arm-screened-$TAG-s$seed" "$ROOT/$arm-screened-$TAG-s$seed/checkpoint"
   done
-  if [ "$seed" = "$(echo $SEEDS | cut -d' ' -f1)" ]; then  # private rehearsal once, on the first seed's arms
+  if [ "$seed" = "$FIRST" ]; then  # private rehearsal once, on the first seed's arms
     BEST=$(.venv/bin/python experiments/world_model_report.py --root "$ROOT" --tag "$TAG" --seed "$seed" --best)
     for memory in summary transcript; do
       done_run "private-$memory-$TAG" || envace sweep --name "private-$memory-$TAG" --config "$CONFIG" \

@@ -70,8 +70,8 @@ def store(tmp_path_factory, bfcl, tiny):
                 backend=ReferencePolicy(tiny[1], tasks[:1], bad_call))
     from envace.jobs import world_model_job
 
-    world_model_job("reference", cfg, root, "measured", quiet,
-                    backend=ReferencePolicy(tiny[1], tasks))  # every gold call rehearsed with its gold result
+    world_model_job("reference", cfg, root, "measured", quiet, turns="1..",
+                    backend=ReferencePolicy(tiny[1], tasks))  # the gold calls of turns 1.. rehearsed with their gold
     assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "2", "--max-new-tokens", "8",
                  "--max-steps-per-turn", "1", "--root", str(root), "--run-name", "shadow"]) == 0
     from unittest import mock
