@@ -45,14 +45,17 @@ def test_gold_replay_earns_reward_one_on_a_subset(subset):
 
 
 @pytest.mark.slow
-def test_every_gold_trajectory_earns_reward_one():
-    """What `envace check-env tau2` does: every category, both splits, through the protocol's `score`."""
+def test_every_eighth_gold_trajectory_earns_reward_one():
+    """What `envace check-env tau2` does (all 392 pass: README), on every eighth task of each category, both splits,
+    through the protocol's `score`: the whole replay took 4-8 minutes of the suite, τ²'s evaluator being slow."""
     from envace.envs import registry
-    from envace.envs.check import replay_reference_scores
+    from envace.envs.check import check_task
 
+    tau2 = registry.get("tau2")
     for category in CATEGORIES:
-        passed, total, failures = replay_reference_scores(registry.get("tau2"), category)
-        assert passed == total, (category, failures)
+        tasks = tau2.load_tasks(category, "all")[::8]
+        failures = [c.uid for c in (check_task(tau2, t, control=False) for t in tasks) if not c.passed]
+        assert tasks and failures == [], (category, failures)
 
 
 def test_dropping_a_state_changing_action_fails(subset):
