@@ -239,9 +239,11 @@ def _world_model_table(console, root: Path, run_id: str) -> None:
     if frame.empty:
         console.print(f"run {run_id} has no rehearsed calls")
         return
-    cell = lambda r, m: "-" if r[m] != r[m] else f"{r[m]:.2f} ({r[m + '_lo']:.2f}–{r[m + '_hi']:.2f})"  # noqa: E731
+    short = lambda v: f"{v:.2f}".replace("0.", ".", 1) if 0 <= v < 1 else f"{v:.2f}"  # noqa: E731  (.45, 1.00)
+    cell = lambda r, m: "-" if r[m] != r[m] else f"{short(r[m])} ({short(r[m + '_lo'])}–{short(r[m + '_hi'])})"  # noqa: E731
     table = Table("tool", "calls", "tasks", *world_model.LABELS.values(),
                   title=f"world model of {run_id}: mean (95% bootstrap interval over tasks)")
+    table.columns[0].no_wrap = True
     for r in frame.to_dict("records"):
         table.add_row(r["tool"], str(r["calls"]), str(r["tasks"]), *(cell(r, m) for m in world_model.LABELS))
     console.print(table)
