@@ -93,6 +93,7 @@ REAL_CONFIG = """
 # A store written by the real default model: what a user opens after `make demo`, kept small.
 [rollout]
 caller_demo = true
+tool_docs = "compact"   # a third of full schemas' prompt tokens: the same views, minutes less of the suite
 max_new_tokens = 48
 max_steps_per_turn = 2
 batch_size = 2
@@ -158,6 +159,7 @@ def real_store(tmp_path_factory):
     assert main(["world-model", "default", "--limit", "1", "--turns", "0", "--config", str(config),
                  "--run-name", "world-model", *common]) == 0
     assert main(["rollout", "--env", "tau2", "--domain", "airline", "--limit", "1", "--model", "default",
+                 "--tool-docs", "compact",
                  "--max-new-tokens", "24", "--user-max-new-tokens", "24", "--max-user-turns", "2",
                  "--max-steps-per-turn", "2", "--run-name", "tau2", *common]) == 0
     return root

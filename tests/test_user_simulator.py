@@ -114,7 +114,8 @@ def test_training_runs_on_solo_telecom_and_refuses_reference_rows_without_a_scri
     from envace.cli import main
     from envace.store import connect
 
-    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "rollout.env=tau2"]
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "rollout.env=tau2",
+            "--set", 'rollout.tool_docs="compact"']  # τ²'s schemas in full are most of this test's time
     assert main([*args, "--set", "rollout.category=telecom_solo", "--run-name", "solo"]) == 0
     con = connect(tmp_path)
     assert con.execute("SELECT DISTINCT category FROM episodes").fetchall() == [("telecom_solo",)]
