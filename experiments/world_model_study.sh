@@ -5,9 +5,10 @@
 # caller-only and real-env, STEPS GRPO steps each, for each seed of SEEDS (experiments/bfcl_turns_cpu.sh: every
 # arm is then evaluated on the 24 test turns and screens its pool again). Before and after: the world-model
 # benchmark on the gold calls of the first WM_LIMIT BFCL test tasks (20: 130 calls, the same for every
-# checkpoint). Then private rehearsal with the SFT checkpoint and the best trained one (most scored episodes on
-# the pool's screen after training) on the 24 test turns: N = 0, 1, 2, parallel and sequential, a summary and a
-# transcript memory. A re-run keeps every finished run; the tables: experiments/world_model_report.py.
+# checkpoint). After the control arm (PRIVATE_AFTER), private rehearsal with the SFT checkpoint and the best arm
+# trained so far (most scored episodes on the pool's screen after training) on the 24 test turns: N = 0, 1, 2,
+# parallel and sequential, a summary and a transcript memory. A re-run keeps every finished run; the tables:
+# experiments/world_model_report.py.
 #   bash experiments/world_model_study.sh
 #   SEEDS=0 STEPS=10 bash experiments/world_model_study.sh   # one seed first
 set -euo pipefail
@@ -24,20 +25,23 @@ measure() {  # the world-model benchmark of one checkpoint: wm-NAME
 }
 
 FIRST=${SEEDS%% *}
+private() {  # private rehearsal with the SFT checkpoint and the best arm trained so far, both memory kinds
+  local best
+  best=$(.venv/bin/python experiments/world_model_report.py --root "$ROOT" --tag "$TAG" --seed "$1" --best)
+  for memory in summary transcript; do
+    done_run "private-$memory-$TAG" || envace sweep --name "private-$memory-$TAG" --config "$CONFIG" \
+      --models "sft=$ROOT/sft-$TAG/checkpoint,best=$ROOT/$best/checkpoint" --budgets 0,1,2 \
+      --modes parallel,sequential --private-memory "$memory"
+  done
+}
 for seed in $SEEDS; do
   measure "sft-$TAG" "$ROOT/sft-$TAG/checkpoint"
   for arm in $ARMS; do  # one arm at a time, measured as soon as it is trained: what finishes is reported
     TAG=$TAG SEED=$seed SFT_TASKS=16 SCREEN_LIMIT=53 POOL_MAX=${POOL_MAX:-8} STEPS=${STEPS:-10} ARMS=$arm \
       bash experiments/bfcl_turns_cpu.sh
     measure "$arm-screened-$TAG-s$seed" "$ROOT/$arm-screened-$TAG-s$seed/checkpoint"
+    # once, on the first seed, as soon as the control is in (the rest of the arms after it)
+    if [ "$seed" = "$FIRST" ] && [ "$arm" = "${PRIVATE_AFTER:-control}" ]; then private "$seed"; fi
   done
-  if [ "$seed" = "$FIRST" ]; then  # private rehearsal once, on the first seed's arms
-    BEST=$(.venv/bin/python experiments/world_model_report.py --root "$ROOT" --tag "$TAG" --seed "$seed" --best)
-    for memory in summary transcript; do
-      done_run "private-$memory-$TAG" || envace sweep --name "private-$memory-$TAG" --config "$CONFIG" \
-        --models "sft=$ROOT/sft-$TAG/checkpoint,best=$ROOT/$BEST/checkpoint" --budgets 0,1,2 \
-        --modes parallel,sequential --private-memory "$memory"
-    done
-  fi
 done
 envace runs
