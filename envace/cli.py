@@ -983,6 +983,32 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+def _redeliver_lost_stop(unraisable) -> None:
+    """`sys.unraisablehook`: send again a Ctrl-C or SIGTERM that a finalizer swallowed.
+
+    A signal handler raises in the main thread at whatever bytecode it is running; when that is a finalizer
+    (a `__del__` run by the garbage collector: `regex`'s, torch's), Python prints the exception as "ignored"
+    and carries on, and the stop is lost: the job ran to its end. The signal is sent again from another thread a
+    moment later, when the finalizer has returned (if it lands in another one, this runs again)."""
+    if isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM handled as Ctrl-C is, and neither of them lost in a finalizer (main thread only: Python's rule)."""
+    if threading.current_thread() is threading.main_thread():
+        global _previous_unraisablehook
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        if sys.unraisablehook is not _redeliver_lost_stop:  # called again in one process (tests): chain once
+            _previous_unraisablehook, sys.unraisablehook = sys.unraisablehook, _redeliver_lost_stop
+
+
 def main(argv: list[str] | None = None) -> int:
     code = _main(argv)
     torch = sys.modules.get("torch")  # loaded only by the commands that need it
@@ -996,8 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress lines reach a log file as they happen
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    install_stop_handlers()
     try:
         args = build_parser().parse_args(_deprecated(sys.argv[1:] if argv is None else argv))
         return args.func(args)

@@ -276,6 +276,31 @@ def test_sigterm_mid_run_keeps_whole_batches_marks_interrupted_and_exits_non_zer
     assert "interrupted" in row and f" {stored} " in row  # the episodes it stored, though it has no summary
 
 
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_stop_that_lands_in_a_finalizer_is_not_lost(signame):
+    """Python drops an exception raised inside `__del__`: a Ctrl-C or SIGTERM arriving while the garbage collector
+    runs one (regex's, at model load) was ignored and the job ran to its end. It must still stop the job."""
+    script = f"""
+import os, signal, sys, time
+from envace.cli import Terminated, install_stop_handlers
+install_stop_handlers()
+class Finalized:
+    def __del__(self):  # the signal arrives and its handler raises here, inside a finalizer
+        os.kill(os.getpid(), signal.{signame})
+        time.sleep(0.2)
+Finalized()
+try:
+    time.sleep(5)
+except (KeyboardInterrupt, Terminated) as exc:
+    print("stopped by", type(exc).__name__)
+    sys.exit(0)
+print("ran to the end")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == f"stopped by {'Terminated' if signame == 'SIGTERM' else 'KeyboardInterrupt'}", \
+        out.stdout + out.stderr
+
+
 def test_readers_see_the_old_or_the_new_run_while_a_cell_is_swapped_in(tmp_path):
     """A redone sweep cell is swapped in with one rename: 200 swaps under a busy reader, no read fails."""
     import threading

@@ -141,8 +141,9 @@ def test_launch_runs_in_the_background_and_stops_cleanly(tmp_path):
     assert "GRPO step 2/2" in handle.log_tail()
     wb = Workbench(root)
     assert list(wb.runs()["run_id"]) == ["bg"] and not wb.training("bg").empty
-    long = launch(kind="rollout", root=root, name="long", args=["--model", "tiny", "--limit", "50",
-                                                                "--max-new-tokens", "8"])
+    # minutes of work if left alone (a job that can finish between the poll and the signal would read "finished")
+    long = launch(kind="rollout", root=root, name="long", args=["--model", "tiny", "--limit", "50", "--group-size",
+                                                                "4", "--max-new-tokens", "32"])
     deadline = time.time() + 120
     while not (root / "long" / "run.json").exists() and time.time() < deadline:
         time.sleep(0.2)

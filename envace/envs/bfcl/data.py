@@ -128,7 +128,7 @@ def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
                offset: int = 0) -> list[Task]:
     """Tasks of one category and split, in BFCL's id order; `limit`/`offset` slice after the split. The
     single-turn categories come from `single.py`."""
-    from envace.envs.bfcl import single
+    import envace.envs.bfcl.single as single
 
     if category in single.CATEGORIES:
         return single.load_tasks(category, split, limit, offset)

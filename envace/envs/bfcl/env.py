@@ -15,8 +15,8 @@ import json
 import uuid
 from typing import Any
 
+import envace.envs.bfcl.single as single  # the submodule, not the package (which imports this one)
 from envace.envs.base import Environment, Steps
-from envace.envs.bfcl import single
 from envace.envs.bfcl.calls import to_call_string
 from envace.formats import is_error_value
 from envace.types import Score, Task, ToolCall, ToolResult
