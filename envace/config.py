@@ -293,6 +293,10 @@ class RolloutConfig(Config):
         if rehearses and self.category in benchmark.call_only:
             raise UsageError(f"mode: {self.env} {self.category} is scored on the calls of one message and no tool "
                              f"runs, so there is nothing to rehearse (use mode real, without private rehearsal)")
+        if rehearses and benchmark.before_turn is not None and benchmark.before_turn(self.category) is not None:
+            raise UsageError(f"mode: {self.env} {self.category} opens each task on what the policy wrote in the real "
+                             f"environment before it (its prerequisite conversations), so it runs in mode real, "
+                             f"without private rehearsal")
         if rehearses and self.split != "train" and self.rehearser.fewshot == "reference":
             # The one leakage rule: a rehearser on tasks outside the train split never sees those tasks'
             # own gold results (they would reach the caller in rehearse mode, inflate fidelity in shadow).

@@ -3,10 +3,11 @@
     envace suite MODEL [--name NAME] [--limit N] [--user-model SPEC] [--private parallel|sequential --budget K]
 
 Cells (runs named `<suite>-<env>-<category>[-<mode><K>]`, kept when a re-run finds them completed, as a sweep's):
-- BFCL-v4: every category that runs offline, whole (split `all`, what the leaderboard scores): the 13 single-turn
-  and the 4 multi-turn ones. Web search needs the internet and the memory categories are not built here; their
-  rows say so. The BFCL-v4 column is `leaderboard.offline_overall`: web search's weight removed, memory counting 0
-  (as on the leaderboard for a model not run on it). Labelled offline wherever shown.
+- BFCL-v4: every category that runs offline, whole (split `all`, what the leaderboard scores): the 13 single-turn,
+  the 4 multi-turn and the 3 memory ones (each question after its scenario's prerequisite conversations, played
+  by the same model: `envace/envs/bfcl/memory.py`). Web search needs the internet; its rows say so. The BFCL-v4
+  column is `leaderboard.offline_overall`: web search's weight removed and the rest renormalised. Labelled
+  offline wherever shown.
 - τ²-Bench: airline, retail, telecom (test split), the customer played by `--user-model` (else the policy itself):
   pass^1. A substitute: the published numbers' customer is a frontier model.
 - VitaBench: delivery and in-store (test split), scored by the deterministic substitute for its LLM judge.
@@ -32,14 +33,14 @@ import pandas as pd
 from envace.config import PrivateOptions, RolloutConfig
 from envace.envs.bfcl import leaderboard
 from envace.envs.bfcl.data import CATEGORIES as BFCL_MULTI_TURN
+from envace.envs.bfcl.memory import CATEGORIES as BFCL_MEMORY
 from envace.envs.bfcl.single import CATEGORIES as BFCL_SINGLE
 from envace.stats import cluster_bootstrap
 
 KIND = "suite"
 TAU2 = ("airline", "retail", "telecom")
 VITABENCH = ("delivery", "instore")
-UNAVAILABLE = {"web_search_base": "needs the internet", "web_search_no_snippet": "needs the internet",
-               "memory_kv": "not built here", "memory_vector": "not built here", "memory_rec_sum": "not built here"}
+UNAVAILABLE = {"web_search_base": "needs the internet", "web_search_no_snippet": "needs the internet"}
 COLUMNS = {"bfcl": "BFCL-v4 (offline overall)", "tau2": "τ²-Bench (substitute user)",
            "vitabench": "VitaBench (substitute judge)", "overall": "Overall"}
 DRAWS = 2000
@@ -60,7 +61,7 @@ class Cell:
 
 def cells(private: str = "none", budget: int = 0) -> list[Cell]:
     """Every cell of the suite; with private rehearsal, τ² and BFCL multi-turn once more with it."""
-    out = [Cell("bfcl", c, "all") for c in BFCL_SINGLE + BFCL_MULTI_TURN]
+    out = [Cell("bfcl", c, "all") for c in BFCL_SINGLE + BFCL_MULTI_TURN + BFCL_MEMORY]
     out += [Cell("tau2", c, "test") for c in TAU2] + [Cell("vitabench", c, "test") for c in VITABENCH]
     if private != "none" and budget > 0:
         out += [replace(c, private=private, budget=budget) for c in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from envace.envs.base import Environment, json_error
 from envace.types import Task
@@ -44,6 +45,11 @@ class Benchmark:
     # Categories scored on the calls of one caller message, where no tool runs (BFCL's single-turn AST and
     # relevance categories): rehearsal, shadow pairs and private rehearsal do not apply to them.
     call_only: tuple[str, ...] = ()
+    # Category -> a fresh hook that runs before the opening turn of that category's tasks, or None (BFCL's memory
+    # categories: the prerequisite conversations that write the memory a question reads, `bfcl/memory.py`). It
+    # has the engine's before-turn shape (`wants(episode)`, `memories(engine, episodes)`, as private rehearsal);
+    # such categories run in the real environment and without private rehearsal (`RolloutConfig.validate`).
+    before_turn: Callable[[str], Any] | None = None
     # Task -> the natural-language checks an LLM judge scores on an episode's transcript (`envace judge`,
     # `envace/judge.py`), each string once; None: the benchmark has none. Its verdicts are stored apart from the
     # official score (table `judgements`), as the `rubric_judge` sub-score.

@@ -8,7 +8,8 @@ For every task of a category (both splits), on a fresh environment each time:
    are the answers a perfect caller says, for checkers that read them);
 3. negative control: the same replay without the last state-changing reference call (the last one whose result
    is not an error) must fail. A task where it still passes is named, not raised: in some τ² tasks the last
-   such call is a read the checker does not look at. A task with no state-changing call has no control;
+   such call is a read the checker does not look at. A task with no reference call that is scored on what the
+   caller says (BFCL memory) must fail when it says it does not know. Any other task has no control;
 4. every result the environment flagged as an error must be one its error rule recognises
    (`Benchmark.is_error`, what rehearsed results go through): otherwise a rehearsal of that very text would
    count as a success.
@@ -94,11 +95,14 @@ def _replay(benchmark: Benchmark, task: Task, skip: tuple[int, int] | None = Non
     return steps, results
 
 
-def _score(benchmark: Benchmark, task: Task, steps: Steps):
+_SAID_NOTHING = "I do not know."
+
+
+def _score(benchmark: Benchmark, task: Task, steps: Steps, texts: list[str] | None = None):
     env = benchmark.make_env()
     env.reset(task)
-    # A perfect caller also says what the benchmark checks was said (τ²'s communicate_info).
-    return env.score(task, steps, texts=task.payload.get("reference_texts"))
+    # A perfect caller also says what the benchmark checks was said (τ²'s communicate_info, BFCL memory's answer).
+    return env.score(task, steps, texts=texts or task.payload.get("reference_texts"))
 
 
 def check_task(benchmark: Benchmark, task: Task, control: bool = True) -> TaskCheck:
@@ -112,6 +116,8 @@ def check_task(benchmark: Benchmark, task: Task, control: bool = True) -> TaskCh
     if writes and control:
         cut, _ = _replay(benchmark, task, skip=writes[-1])
         outcome = "held" if _score(benchmark, task, cut).success else "fell"
+    elif control and not results and task.payload.get("reference_texts"):  # scored on what is said alone
+        outcome = "held" if _score(benchmark, task, steps, texts=[_SAID_NOTHING]).success else "fell"
     return TaskCheck(task.uid, verdict.success, verdict.detail, rejected, outcome, unrecognised)
 
 

@@ -18,10 +18,11 @@ __all__ = ["Benchmark", "Installed", "get", "installed", "names"]
 
 
 def _bfcl() -> Benchmark:
-    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, single, truncate
+    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, memory, single, truncate
 
-    return Benchmark("bfcl", CATEGORIES + single.CATEGORIES, "multi_turn_base", load_tasks, BFCLEnv, truncate,
-                     known_defects=single.KNOWN_DEFECTS, call_only=single.CATEGORIES)
+    return Benchmark("bfcl", CATEGORIES + single.CATEGORIES + memory.CATEGORIES, "multi_turn_base", load_tasks,
+                     BFCLEnv, truncate, known_defects=single.KNOWN_DEFECTS, call_only=single.CATEGORIES,
+                     before_turn=memory.before_turn)
 
 
 def _tau2() -> Benchmark:

@@ -2,7 +2,8 @@
 
 Each prompt's task is named by its uid (`SamplingParams.tasks`, passed by the engine). As caller it reads
 the prompt it is given (rendered by our own `ChatRenderer`), recovers the user turn and step, and emits
-that step's ground-truth call, or "Done." once the turn's calls are made. As rehearser it answers a call
+that step's ground-truth call, or "Done." once the turn's calls are made (the task's `reference_answer` at the
+end of its last turn, where it has one). As rehearser it answers a call
 with the real result of the matching reference call; as a simulated user it says the task's scripted
 messages; as summariser it writes a memory naming what it was written from. Running the
 rollout engine with it yields exactly the rows a perfect policy would produce, token for token in
@@ -39,6 +40,11 @@ class ReferencePolicy:
                  rehearsal_text: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.by_uid = {t.uid: t for t in tasks}
+        # conversations a benchmark plays before a task (BFCL memory's prerequisites): nothing to replay, "Done."
+        for task in tasks:
+            for uid in task.payload.get("prerequisites", ()):
+                self.by_uid.setdefault(uid, Task(uid, task.env, task.category, task.split, task.scenario, "", [],
+                                                 [""], []))
         self.by_first_turn = {t.user_turns[0]: t for t in tasks}
         self.caller_text = caller_text  # a fixed caller reply instead of the reference (for tests)
         self.rehearsal_text = rehearsal_text  # a fixed rehearser reply instead of the real result
@@ -74,9 +80,11 @@ class ReferencePolicy:
         start = max((i for i in users if blocks[i] in openings), default=users[0])
         turn, step = sum(i > start for i in users), len(blocks) - 1 - users[-1]
         reference = task.reference[turn] if turn < len(task.reference) else []
+        # the last turn closes with the answer a perfect caller gives, where the task has one (BFCL memory)
+        done = task.payload.get("reference_answer", "Done.") if turn == len(task.user_turns) - 1 else "Done."
         if task.max_steps_per_turn == 1:  # a turn of one message (BFCL single-turn): every call in it, in parallel
-            return "\n".join(render_tool_call(r.call) for r in reference) if step == 0 and reference else "Done."
-        return render_tool_call(reference[step].call) if step < len(reference) else "Done."
+            return "\n".join(render_tool_call(r.call) for r in reference) if step == 0 and reference else done
+        return render_tool_call(reference[step].call) if step < len(reference) else done
 
     def _rehearser(self, text: str, task: Task | None) -> str:
         if self.rehearsal_text is not None:

@@ -73,6 +73,8 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
                           is_error=benchmark.is_error, backend=rehearser_backend)
     user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
     users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
-    private = PrivateRehearsal(config.private, rehearser) if config.private.active else None
+    # what runs before a turn opens: private rehearsal, or what the benchmark plays first (never both: validate)
+    before_turn = PrivateRehearsal(config.private, rehearser) if config.private.active else \
+        benchmark.before_turn(config.category) if benchmark.before_turn else None
     return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
-                         examples, users, private, max_context or getattr(backend, "max_context", None), id_prefix)
+                         examples, users, before_turn, max_context or getattr(backend, "max_context", None), id_prefix)

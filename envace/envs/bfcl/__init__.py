@@ -4,11 +4,12 @@ single-turn categories (AST and relevance) scored by its own checkers.
 Self-contained: `data.py` loads multi-turn tasks and schemas, `calls.py` converts between ground-truth call
 strings and parsed calls, `env.py` runs episodes and scores them with BFCL's `multi_turn_checker`; `single.py`
 loads and scores the single-turn categories (`source_values.py`: Java and JavaScript values as source text);
+`memory.py` the memory categories on bfcl_eval's backends, their prerequisite conversations played first;
 `leaderboard.py` is BFCL-v4's overall score as its leaderboard computes it.
 """
 
-from envace.envs.bfcl import single
+from envace.envs.bfcl import memory, single
 from envace.envs.bfcl.data import CATEGORIES, load_tasks, truncate
 from envace.envs.bfcl.env import BFCLEnv
 
-__all__ = ["BFCLEnv", "CATEGORIES", "load_tasks", "single", "truncate"]
+__all__ = ["BFCLEnv", "CATEGORIES", "load_tasks", "memory", "single", "truncate"]

@@ -8,14 +8,12 @@ everything else train, for every category. Nothing in training or tuning reads t
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from envace.envs.bfcl.schemas import class_docs, data_dir, jsonl, openai_types, to_openai_tool
 from envace.errors import UsageError
-from envace.paths import package_dir
 from envace.types import ReferenceStep, Split, Task
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -29,50 +27,15 @@ SYSTEM_PROMPT = (
     "cannot be done with the functions you have, reply to the user in plain text without a call."
 )
 
-_TYPE_MAP = {"dict": "object", "float": "number", "tuple": "array"}
-
 
 def split_of(scenario: int) -> str:
     return Split.TEST if scenario % 4 == 3 else Split.TRAIN
 
 
-def data_dir() -> Path:
-    return package_dir("bfcl_eval", "bfcl-eval", "BFCL") / "data"
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open() as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def _openai_types(schema: Any) -> Any:
-    """BFCL's schema dialect ("dict", "float", "tuple") to JSON Schema, recursively."""
-    if isinstance(schema, dict):
-        out = {k: _openai_types(v) for k, v in schema.items()}
-        if isinstance(out.get("type"), str):
-            out["type"] = _TYPE_MAP.get(out["type"], out["type"])
-        return out
-    if isinstance(schema, list):
-        return [_openai_types(v) for v in schema]
-    return schema
-
-
-def to_openai_tool(doc: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": doc["name"], "description": doc["description"],
-                                             "parameters": _openai_types(doc["parameters"])}}
-
-
-@lru_cache(maxsize=16)
-def class_docs(class_name: str) -> tuple[dict[str, Any], ...]:
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-    return tuple(_jsonl(data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
-
-
 @lru_cache(maxsize=8)
 def _raw(category: str) -> tuple[list[dict[str, Any]], dict[str, list[list[str]]]]:
-    entries = _jsonl(data_dir() / f"BFCL_v4_{category}.json")
-    answers = {a["id"]: a["ground_truth"] for a in _jsonl(data_dir() / "possible_answer" / f"BFCL_v4_{category}.json")}
+    entries = jsonl(data_dir() / f"BFCL_v4_{category}.json")
+    answers = {a["id"]: a["ground_truth"] for a in jsonl(data_dir() / "possible_answer" / f"BFCL_v4_{category}.json")}
     return entries, answers
 
 
@@ -91,7 +54,7 @@ def _build(entry: dict[str, Any], ground_truth: list[list[str]], category: str) 
         user_turns=user_turns, reference=[],
         tools_added={turn: [to_openai_tool(d) for d in docs if d["name"] in names] for turn, names in missed.items()},
         payload={"entry": entry, "ground_truth": ground_truth,
-                 "response_schemas": {d["name"]: _openai_types(d.get("response", {})) for d in docs}},
+                 "response_schemas": {d["name"]: openai_types(d.get("response", {})) for d in docs}},
     )
     task.reference = replay_reference(task)
     return task
@@ -127,14 +90,17 @@ def truncate(task: Task, k: int) -> Task:
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
                offset: int = 0) -> list[Task]:
     """Tasks of one category and split, in BFCL's id order; `limit`/`offset` slice after the split. The
-    single-turn categories come from `single.py`."""
+    single-turn categories come from `single.py`, the memory ones from `memory.py`."""
+    import envace.envs.bfcl.memory as memory
     import envace.envs.bfcl.single as single
 
     if category in single.CATEGORIES:
         return single.load_tasks(category, split, limit, offset)
+    if category in memory.CATEGORIES:
+        return memory.load_tasks(category, split, limit, offset)
     if category not in CATEGORIES:
         raise UsageError(f"unknown BFCL category '{category}' (choose from "
-                         f"{', '.join(CATEGORIES + single.CATEGORIES)})")
+                         f"{', '.join(CATEGORIES + single.CATEGORIES + memory.CATEGORIES)})")
     if split not in tuple(Split):
         raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
     entries, answers = _raw(category)

@@ -15,7 +15,8 @@ import json
 import uuid
 from typing import Any
 
-import envace.envs.bfcl.single as single  # the submodule, not the package (which imports this one)
+import envace.envs.bfcl.memory as memory  # the submodules, not the package (which imports this one)
+import envace.envs.bfcl.single as single
 from envace.envs.base import Environment, Steps
 from envace.envs.bfcl.calls import to_call_string
 from envace.formats import is_error_value
@@ -53,16 +54,26 @@ class BFCLEnv(Environment):
         self.single = task.category in single.CATEGORIES  # scored on its calls, nothing runs (`single.py`)
         if self.single:
             return
+        if task.category in memory.CATEGORIES:  # its backend on the scenario's snapshot, once one is given
+            (class_name,) = entry["involved_classes"]
+            instance = memory.backend_class(class_name)()
+            if (config := memory.initial_config(task)) is not None:
+                instance._load_scenario(config)
+            self._add_instance(class_name, instance)
+            return
         for class_name in entry["involved_classes"]:
             cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
             instance = cls()
             if class_name not in STATELESS_CLASSES:
                 config = copy.deepcopy(entry["initial_config"].get(class_name, {}))
                 instance._load_scenario(config, long_context="long_context" in task.category)
-            self.instances[class_name] = instance
-            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
-                if not name.startswith("_"):
-                    self._methods[name] = method
+            self._add_instance(class_name, instance)
+
+    def _add_instance(self, class_name: str, instance: Any) -> None:
+        self.instances[class_name] = instance
+        for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+            if not name.startswith("_"):
+                self._methods[name] = method
 
     def positional_names(self, function: str) -> list[str]:
         return list(inspect.signature(self._methods[function]).parameters)
@@ -90,6 +101,8 @@ class BFCLEnv(Environment):
         single-turn item's own checker (`single.score`)."""
         if task.category in single.CATEGORIES:
             return single.score(task, steps)
+        if task.category in memory.CATEGORIES:
+            return memory.score(task, texts)
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
         from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
