@@ -78,10 +78,13 @@ def test_malformed_config_is_rejected_before_loading(tmp_path):
 def test_check_env_passes_every_bfcl_gold_with_its_control():
     """Every reference call goes through execute() as BFCL's harness runs it (no schema check first): the 800
     multi-turn items all pass, with every negative control falling; of the single-turn items, only the 8 whose
-    answers BFCL's own checker cannot accept fail, each named with why; live_relevance has no gold."""
+    answers BFCL's own checker cannot accept fail, each named with why; live_relevance has no gold; the 465 memory
+    answers pass, and each falls when the caller says it does not know."""
     result = envace("check-env", "bfcl")
     assert result.returncode == 0, result.stdout
-    assert "4417/4425 ground-truth trajectories pass" in result.stdout and "8 fail by known defects" in result.stdout
+    assert "4882/4890 ground-truth trajectories pass" in result.stdout and "8 fail by known defects" in result.stdout
+    assert result.stdout.count("155/155  negative control fell 155/155") == 3
+    assert "Loading weights" not in result.stdout  # the vector backend's encoder loads quietly
     assert result.stdout.count("known defect: bfcl/") == 8 and "multi_turn" not in \
         "".join(line for line in result.stdout.splitlines() if line.startswith("known defect"))
     assert not [line for line in result.stdout.splitlines() if line.startswith("problem:")]

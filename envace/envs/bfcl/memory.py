@@ -57,6 +57,7 @@ def backend_class(class_name: str) -> type:
     if class_name != "MemoryAPI_vector":
         return getattr(importlib.import_module(module_name), class_name)
     import sentence_transformers  # before faiss, as the backend's own module orders them (two OpenMP runtimes)
+    from transformers.utils import logging as hf_logging
 
     from envace.embedding import model_dir
 
@@ -66,12 +67,16 @@ def backend_class(class_name: str) -> type:
         return hub_class(str(model_dir()) if name == _HUB_NAME else name, *args, **kwargs)
 
     sentence_transformers.SentenceTransformer = local
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a weight-loading bar in the middle of a command's output says nothing
     try:
         with warnings.catch_warnings():  # the module asks the encoder for its width by a name since renamed
             warnings.simplefilter("ignore", FutureWarning)
             return getattr(importlib.import_module(module_name), class_name)
     finally:
         sentence_transformers.SentenceTransformer = hub_class
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 @lru_cache(maxsize=3)
