@@ -129,7 +129,7 @@ def prerequisites(task: Task, root: str) -> list[Task]:
                  scenario=task.scenario, system_prompt="", tools=copy.deepcopy(task.tools),
                  user_turns=[" ".join(m["content"] for m in turn if m["role"] == "user") for turn in entry["question"]],
                  reference=[[] for _ in entry["question"]],
-                 payload={"entry": copy.deepcopy(entry), "snapshot_root": root, "prerequisite": True})
+                 payload={"entry": copy.deepcopy(entry), "snapshot_root": root})
             for entry in chains[task.payload["entry"]["scenario"]]]
 
 
