@@ -317,8 +317,9 @@ def _suite_tables(console, outcomes, run_id: str, limit: int | None) -> None:
         table.add_row(*row)
     console.print(table)
     console.print("comparable: the BFCL categories run, each scored by bfcl_eval's own checker. Not comparable: the "
-                  "BFCL-v4 column is offline (web search's weight removed, memory not run: 0), τ²'s customer is "
-                  "our own model, VitaBench is scored by a deterministic substitute for its LLM judge. "
+                  "BFCL-v4 column is offline (web search needs the internet: its weight removed, the rest "
+                  "renormalised), τ²'s customer is our own model, VitaBench is scored by a deterministic substitute "
+                  "for its LLM judge. "
                   f"Published rows: {paper['source']}.", markup=False)
     if any(c.budget for c in outcomes):
         second = Table("setting", "τ²-Bench", "BFCL multi-turn", "mean", title="private rehearsal, ours and published")
