@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from envace.envs.bfcl.schemas import class_docs, data_dir, jsonl, openai_types, to_openai_tool
+from envace.envs.bfcl.splits import split_of
 from envace.errors import UsageError
 from envace.types import ReferenceStep, Split, Task
 
@@ -26,10 +27,6 @@ SYSTEM_PROMPT = (
     "Call one or more functions at a time; you will see their results. When the request is done, or "
     "cannot be done with the functions you have, reply to the user in plain text without a call."
 )
-
-
-def split_of(scenario: int) -> str:
-    return Split.TEST if scenario % 4 == 3 else Split.TRAIN
 
 
 @lru_cache(maxsize=8)

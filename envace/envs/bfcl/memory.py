@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from envace.errors import UsageError
+from envace.envs.bfcl.splits import chosen, split_of
 from envace.types import Score, Split, Task
 
 CATEGORIES = ("memory_kv", "memory_vector", "memory_rec_sum")
@@ -101,18 +101,14 @@ def _docs(category: str) -> list[dict[str, Any]]:
 
 
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None, offset: int = 0) -> list[Task]:
-    if split not in tuple(Split):
-        raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
     questions, _, answers = _entries(category)
-    chosen = [(k, q) for k, q in enumerate(questions)
-              if split == Split.ALL or (Split.TEST if k % 4 == 3 else Split.TRAIN) == split]
     tools = _docs(category)
     tasks = []
-    for k, entry in chosen[offset: None if limit is None else offset + limit]:
+    for k, entry in chosen(questions, split, limit, offset):
         messages = entry["question"][0]
         accepted = answers[entry["id"]]
         tasks.append(Task(
-            uid=f"bfcl/{entry['id']}", env="bfcl", category=category, split=Split.TEST if k % 4 == 3 else Split.TRAIN,
+            uid=f"bfcl/{entry['id']}", env="bfcl", category=category, split=split_of(k),
             scenario=k, system_prompt="\n\n".join(m["content"] for m in messages if m["role"] == "system"),
             tools=copy.deepcopy(tools), user_turns=[" ".join(m["content"] for m in messages if m["role"] == "user")],
             reference=[[]],

@@ -27,7 +27,7 @@ import types
 from functools import lru_cache
 from typing import Any
 
-from envace.errors import UsageError
+from envace.envs.bfcl.splits import chosen, split_of
 from envace.types import ReferenceStep, Score, Split, Task, ToolCall, ToolResult
 
 AST = ("simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
@@ -156,7 +156,7 @@ def _task(index: int, entry: dict[str, Any], docs: list[dict[str, Any]], answer:
     request = spoken[0]["content"] if len(spoken) == 1 else "\n\n".join(
         f"{m['role'].capitalize()}: {m['content']}" for m in spoken)
     task = Task(uid=f"bfcl/{entry['id']}", env="bfcl", category=category,
-                split=Split.TEST if index % 4 == 3 else Split.TRAIN, scenario=index,
+                split=split_of(index), scenario=index,
                 system_prompt=f"{system}\n\n{SYSTEM_PROMPT}" if system else SYSTEM_PROMPT,
                 tools=[_tool(doc) for doc in entry["function"]], user_turns=[request], reference=[[]],
                 payload={"entry": entry, "checked_docs": docs, "possible_answer": answer,
@@ -168,14 +168,9 @@ def _task(index: int, entry: dict[str, Any], docs: list[dict[str, Any]], answer:
 
 
 def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None, offset: int = 0) -> list[Task]:
-    if split not in tuple(Split):
-        raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
     shown, checked, answers = _entries(category)
-    chosen = [(k, e) for k, e in enumerate(shown) if split == Split.ALL or (Split.TEST if k % 4 == 3 else
-                                                                             Split.TRAIN) == split]
-    chosen = chosen[offset: None if limit is None else offset + limit]
     return [_task(k, copy.deepcopy(e), copy.deepcopy(checked[e["id"]]), answers.get(e["id"]), category)
-            for k, e in chosen]
+            for k, e in chosen(shown, split, limit, offset)]
 
 
 @lru_cache(maxsize=1)
