@@ -49,6 +49,23 @@ def test_a_wrong_call_fails_the_official_checker(bfcl):
     assert env.score(task, dropped).detail.startswith("multi_turn:force_terminated")
 
 
+def test_a_call_no_call_string_can_write_is_scored_as_the_checker_would_run_it(bfcl):
+    """A sampled `touch({"file name": …})` reached the checker in training and ended the run; the checker's
+    `eval` of such a call could only fail and change nothing, so the verdict is the one without it."""
+    task = _base_0(bfcl)
+    env = bfcl.make_env()
+    gold = [[[ref.call] for ref in turn] for turn in task.reference]
+    malformed = ToolCall("touch", {"file name": "x.txt"})
+    with_it = [[step + [malformed] for step in turn] for turn in gold]
+    assert env.score(task, gold).success and env.score(task, with_it).success
+    # alone in its step, the step is as if the model had not called at all
+    only = [[[malformed]] + turn for turn in gold]
+    assert env.score(task, only) == env.score(task, gold)
+    wrong = [[[malformed]] for _ in gold]
+    assert env.score(task, wrong) == env.score(task, [[] for _ in gold])
+    assert not env.score(task, wrong).success
+
+
 def test_real_responses_and_state_persist_within_an_episode(bfcl):
     task = _base_0(bfcl)
     env = bfcl.make_env()

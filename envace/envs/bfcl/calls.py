@@ -39,3 +39,20 @@ def to_call_string(call: ToolCall) -> str:
         raise ValueError(f"not a valid identifier in call {call.name}")
     inner = ", ".join(f"{k}={v!r}" for k, v in call.arguments.items())
     return f"{call.name}({inner})"
+
+
+def checker_calls(step: list[ToolCall]) -> list[str]:
+    """The call strings of one step, for the official checker, leaving out any call no call string can
+    write (an argument name that is not an identifier, as `touch({"file name": "a"})`).
+
+    Leaving it out gives the checker's verdict on what the model did: the checker `eval`s each string, so
+    that call could only fail there with an error result and change no state, and its state and response
+    checks compare states and the gold results, which no error of a malformed call can equal.
+    """
+    out = []
+    for call in step:
+        try:
+            out.append(to_call_string(call))
+        except ValueError:
+            continue
+    return out

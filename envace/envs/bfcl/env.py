@@ -18,7 +18,7 @@ from typing import Any
 import envace.envs.bfcl.memory as memory  # the submodules, not the package (which imports this one)
 import envace.envs.bfcl.single as single
 from envace.envs.base import Environment, Steps
-from envace.envs.bfcl.calls import to_call_string
+from envace.envs.bfcl.calls import checker_calls
 from envace.formats import is_error_value
 from envace.types import Score, Task, ToolCall, ToolResult
 
@@ -109,7 +109,7 @@ class BFCLEnv(Environment):
         ground_truth = task.payload["ground_truth"]
         if len(steps) != len(ground_truth):
             return Score(False, f"multi_turn:force_terminated ({len(steps)}/{len(ground_truth)} turns)")
-        decoded = [[[to_call_string(c) for c in step] for step in turn if step] for turn in steps]
+        decoded = [[calls for calls in map(checker_calls, turn) if calls] for turn in steps]
         # A unique model name keeps this check's instances apart in the checker's global cache.
         model_name = f"envace_{uuid.uuid4().hex}"
         try:
