@@ -276,6 +276,11 @@ def test_sigterm_mid_run_keeps_whole_batches_marks_interrupted_and_exits_non_zer
     assert "interrupted" in row and f" {stored} " in row  # the episodes it stored, though it has no summary
 
 
+# A shell's background job (`make test &`) starts with SIGINT ignored and its children inherit that; these
+# tests are about what Ctrl-C does where it is delivered, so their child processes take Python's own handler.
+_SIGINT_WHY = "a background job inherits SIGINT ignored"
+
+
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_a_stop_that_lands_in_a_finalizer_is_not_lost(signame):
     """Python drops an exception raised inside `__del__`: a Ctrl-C or SIGTERM arriving while the garbage collector
@@ -283,6 +288,7 @@ def test_a_stop_that_lands_in_a_finalizer_is_not_lost(signame):
     script = f"""
 import os, signal, sys, time
 from envace.cli import Terminated, install_stop_handlers
+signal.signal(signal.SIGINT, signal.default_int_handler)  # {_SIGINT_WHY}
 install_stop_handlers()
 class Finalized:
     def __del__(self):  # the signal arrives and its handler raises here, inside a finalizer
@@ -391,7 +397,8 @@ def test_ctrl_c_during_requests_to_a_slow_server_exits_at_once(tmp_path):
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     script = (
-        "import sys\n"
+        "import signal, sys\n"
+        f"signal.signal(signal.SIGINT, signal.default_int_handler)  # {_SIGINT_WHY}\n"
         "from envace.policy.backend import SamplingParams\n"
         "from envace.policy.models import load_tokenizer\n"
         "from envace.policy.remote import RemoteBackend\n"
