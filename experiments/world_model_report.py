@@ -1,7 +1,7 @@
 """The tables of docs/results.md "The world model, measured", read from the store `world_model_study.sh` wrote.
 
     .venv/bin/python experiments/world_model_report.py [--root runs] [--tag wm] [--seeds 0 1 2]
-        [--arms envace fidelity caller_only real_env control]
+        [--arms envace fidelity caller_only real_env control] [--plot OUT.html]
     .venv/bin/python experiments/world_model_report.py --seed 0 --best   # the best trained arm's run name
 
 World model: every arm's benchmark run (`wm-ARM-screened-TAG-sSEED`) against SFT's (`wm-sft-TAG`) on the same
@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from envace import world_model
 from envace.envs import registry
@@ -53,21 +55,50 @@ def pool_tools(wb: Workbench, run: str) -> set[str]:
     return tools
 
 
+def delta(frame: pd.DataFrame, metric: str) -> tuple[float, float, float, float] | None:
+    """Δ = B − A of one metric over matched calls: (mean, 95% interval over tasks, sign test p); None if no call
+    has the metric in both runs."""
+    both = frame[[f"{metric}_a", f"{metric}_b", "episode_id"]].dropna()
+    diff = both[f"{metric}_b"] - both[f"{metric}_a"]
+    if not len(diff):
+        return None
+    lo, hi = cluster_bootstrap(diff, both["episode_id"])
+    return float(diff.mean()), lo, hi, sign_test(diff)
+
+
 def paired(frame: pd.DataFrame) -> dict[str, str]:
     """Δ (arm − SFT) of each metric over matched calls: `Δ (low … high) p` cells."""
     out = {"calls": str(len(frame))}
     for m in METRICS:
-        both = frame[[f"{m}_a", f"{m}_b", "episode_id"]].dropna()
-        diff = both[f"{m}_b"] - both[f"{m}_a"]
-        if not len(diff):
-            out[f"Δ {m}"] = "–"
-            continue
-        lo, hi = cluster_bootstrap(diff, both["episode_id"])
-        out[f"Δ {m}"] = f"{diff.mean():+.3f} ({lo:+.3f} … {hi:+.3f}) p={sign_test(diff):.3g}"
+        d = delta(frame, m)
+        out[f"Δ {m}"] = "–" if d is None else f"{d[0]:+.3f} ({d[1]:+.3f} … {d[2]:+.3f}) p={d[3]:.3g}"
     return out
 
 
-def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str], present: set[str]) -> None:
+def forest(parts: dict[str, pd.DataFrame], out: str) -> None:
+    """The Δ tables as a figure (standalone HTML): one row per arm and call set, Δ exact and Δ struct F1 against
+    SFT with their 95% intervals; a row whose interval misses 0 is one the tables call an effect."""
+    labels = list(parts)[::-1]  # plotly draws the first row at the bottom
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("Δ exact", "Δ struct F1"))
+    for col, metric in enumerate(("exact", "structure_f1"), start=1):
+        cells = [delta(parts[label], metric) or (np.nan,) * 4 for label in labels]
+        mean = [c[0] for c in cells]
+        fig.add_trace(go.Scatter(
+            x=mean, y=labels, mode="markers", showlegend=False, marker={"size": 9},
+            error_x={"type": "data", "symmetric": False, "array": [c[2] - c[0] for c in cells],
+                     "arrayminus": [c[0] - c[1] for c in cells]},
+            customdata=[[len(parts[label]), c[3]] for label, c in zip(labels, cells, strict=True)],
+            hovertemplate="%{y}<br>Δ %{x:+.3f}<br>calls %{customdata[0]}, sign test p %{customdata[1]:.3g}"
+                          "<extra></extra>"), row=1, col=col)
+        fig.add_vline(x=0, line={"color": "grey", "dash": "dot"}, row=1, col=col)
+    fig.update_layout(title="The world model: each arm against SFT on the same gold calls (95% interval over tasks)",
+                      template="plotly_white", height=120 + 28 * len(labels), margin={"l": 320})
+    fig.write_html(out, include_plotlyjs="cdn")
+    print(f"figure → {out}", file=sys.stderr)
+
+
+def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str], present: set[str],
+                       plot: str | None = None) -> None:
     sft = f"wm-sft-{tag}"
     if sft not in present:
         print(f"(no {sft} yet)")
@@ -79,7 +110,7 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
         label: [f"{v:.3f} ({lo:.3f} … {hi:.3f})" if v == v else "–"
                 for v, lo, hi in zip(table[m], table[f"{m}_lo"], table[f"{m}_hi"], strict=True)]
         for m, label in world_model.LABELS.items()}})))
-    overall, split, tools = [], [], []
+    overall, split, tools, parts = [], [], [], {}
     for seed in seeds:
         for arm in arms:
             run = f"{arm}-screened-{tag}-s{seed}"
@@ -88,9 +119,11 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
             matched = world_model.matched(base, wb.world_model_calls(f"wm-{run}"), (sft, f"wm-{run}"))
             overall.append({"arm": arm, "seed": seed, **paired(matched)})
             in_pool = matched["tool"].isin(pool_tools(wb, run))
+            parts[f"{arm} s{seed}: all {len(matched)} calls"] = matched
             for name, part in (("tool called in the trained pool", matched[in_pool]),
                                ("tool not called in the trained pool", matched[~in_pool])):
                 split.append({"arm": arm, "seed": seed, "calls of": name, **paired(part)})
+                parts[f"{arm} s{seed}: {len(part)} calls, {name.removeprefix('tool ')}"] = part
             for tool, part in matched.groupby("tool"):
                 d = (part["exact_b"] - part["exact_a"]).to_numpy(float)
                 f = (part["structure_f1_b"] - part["structure_f1_a"]).to_numpy(float)
@@ -105,6 +138,8 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
         print(md(pd.DataFrame(split)))
         print("\n### Per tool (exact and struct F1)\n")
         print(md(pd.DataFrame(tools)))
+        if plot:
+            forest(parts, plot)
 
 
 def private_tables(wb: Workbench, tag: str, present: set[str]) -> None:
@@ -159,6 +194,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="--best: the seed whose arms compete")
     parser.add_argument("--arms", nargs="*", default=["envace", "fidelity", "caller_only", "real_env", "control"])
     parser.add_argument("--best", action="store_true", help="print the best trained arm's run name and stop")
+    parser.add_argument("--plot", metavar="OUT.html", help="also save the Δ tables as a figure")
     args = parser.parse_args()
     wb = Workbench(args.root)
     present = set(wb.runs().query("status == 'completed'")["run_id"])
@@ -166,7 +202,7 @@ def main() -> int:
         if args.best:
             print(best_arm(wb, args.tag, args.seed, args.arms, present))
             return 0
-        world_model_tables(wb, args.tag, args.seeds, args.arms, present)
+        world_model_tables(wb, args.tag, args.seeds, args.arms, present, args.plot)
         private_tables(wb, args.tag, present)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
