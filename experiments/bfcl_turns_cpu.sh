@@ -37,7 +37,9 @@ if [ "${SCREEN:-1}" != 0 ]; then
 fi
 arm() {  # name, then --set overrides
   local run=$1$SUFFIX-$TAG-s$SEED; shift
-  done_run "$run" || envace train "$CONFIG" --run-name "$run" --set model="\"$SFT\"" \
+  local start=(--run-name "$run")  # a run stopped part-way (Ctrl-C, kill, a session's end) goes on where it stopped
+  grep -qs '"status": "interrupted"' "$ROOT/$run/run.json" && start=(--resume "$run")
+  done_run "$run" || envace train "$CONFIG" "${start[@]}" --set model="\"$SFT\"" \
     --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "${POOL[@]}" "$@"
   done_run "eval-$run" || envace eval "$ROOT/$run/checkpoint" --config "$CONFIG" --run-name "eval-$run"
   # the screen again with the trained policy (same seed, so the same random draws): did the trained turns'

@@ -142,32 +142,40 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
             forest(parts, plot)
 
 
-def private_tables(wb: Workbench, tag: str, present: set[str]) -> None:
+def private_tables(wb: Workbench, tag: str) -> None:
     rows = []
+    runs = wb.runs().query("status == 'completed' and kind == 'sweep'")["run_id"]
     for memory in ("summary", "transcript"):
-        sweep = f"private-{memory}-{tag}"
-        if sweep not in present:
-            continue
-        cells = wb.sweep(sweep)
-        for cell in cells.itertuples(index=False):
-            episodes = wb.episodes(cell.cell_run, limit=1_000_000).set_index("task_uid")["checklist"]
-            plain = wb.episodes(f"{sweep}-{cell.label}-none-0", limit=1_000_000).set_index("task_uid")["checklist"]
-            common = episodes.index.intersection(plain.index)
-            diffs = (episodes[common] - plain[common]).to_numpy(float)
-            memories = wb.sql(f"SELECT memory, memory_error FROM memories WHERE run_id = '{cell.cell_run}'")
-            accepted = int((memories["memory_error"].isna() & (memories["memory"] != "")).sum())
-            lo, hi = cluster_bootstrap(diffs) if cell.budget else (float("nan"), float("nan"))
-            rows.append({"memory": memory, "model": cell.label, "mode": cell.mode, "N": cell.budget,
-                         "turns": len(episodes), "scored": int((episodes > 0).sum()), "checklist": episodes.mean(),
-                         "memories accepted": f"{accepted}/{len(memories)}" if len(memories) else "–",
-                         "Δ checklist vs N = 0": diffs.mean() if cell.budget else float("nan"),
-                         "95% CI": f"{lo:+.3f} … {hi:+.3f}" if cell.budget else "–",
-                         "sign p": sign_test(diffs) if cell.budget else float("nan"),
-                         "private tokens / turn": cell.private_tokens_per_episode,
-                         "s / turn": cell.wall_s_per_episode})
+        # `private-MEMORY-TAG`, and `private-MEMORY-TAG-ARM` for an arm swept later (world_model_study.sh)
+        name = f"private-{memory}-{tag}"
+        for sweep in sorted(r for r in runs if r == name or r.startswith(f"{name}-")):
+            rows += private_cells(wb, sweep, memory)
     if rows:
         print("\n### Private rehearsal on the 24 test turns, both memory kinds\n")
         print(md(pd.DataFrame(rows)))
+
+
+def private_cells(wb: Workbench, sweep: str, memory: str) -> list[dict]:
+    """One row per cell of a private-rehearsal sweep: memories accepted, Δ checklist against the same model's
+    N = 0 cell (paired by turn), cost per committed turn."""
+    rows = []
+    for cell in wb.sweep(sweep).itertuples(index=False):
+        episodes = wb.episodes(cell.cell_run, limit=1_000_000).set_index("task_uid")["checklist"]
+        plain = wb.episodes(f"{sweep}-{cell.label}-none-0", limit=1_000_000).set_index("task_uid")["checklist"]
+        common = episodes.index.intersection(plain.index)
+        diffs = (episodes[common] - plain[common]).to_numpy(float)
+        memories = wb.sql(f"SELECT memory, memory_error FROM memories WHERE run_id = '{cell.cell_run}'")
+        accepted = int((memories["memory_error"].isna() & (memories["memory"] != "")).sum())
+        lo, hi = cluster_bootstrap(diffs) if cell.budget else (float("nan"), float("nan"))
+        rows.append({"memory": memory, "model": cell.label, "mode": cell.mode, "N": cell.budget,
+                     "turns": len(episodes), "scored": int((episodes > 0).sum()), "checklist": episodes.mean(),
+                     "memories accepted": f"{accepted}/{len(memories)}" if len(memories) else "–",
+                     "Δ checklist vs N = 0": diffs.mean() if cell.budget else float("nan"),
+                     "95% CI": f"{lo:+.3f} … {hi:+.3f}" if cell.budget else "–",
+                     "sign p": sign_test(diffs) if cell.budget else float("nan"),
+                     "private tokens / turn": cell.private_tokens_per_episode,
+                     "s / turn": cell.wall_s_per_episode})
+    return rows
 
 
 def best_arm(wb: Workbench, tag: str, seed: int, arms: list[str], present: set[str]) -> str:
@@ -203,7 +211,7 @@ def main() -> int:
             print(best_arm(wb, args.tag, args.seed, args.arms, present))
             return 0
         world_model_tables(wb, args.tag, args.seeds, args.arms, present, args.plot)
-        private_tables(wb, args.tag, present)
+        private_tables(wb, args.tag)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

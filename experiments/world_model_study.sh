@@ -7,7 +7,8 @@
 # benchmark on the gold calls of the first WM_LIMIT BFCL test tasks (20: 130 calls, the same for every
 # checkpoint). After the control arm (PRIVATE_AFTER), private rehearsal with the SFT checkpoint and the best arm
 # trained so far (most scored episodes on the pool's screen after training) on the 24 test turns: N = 0, 1, 2,
-# parallel and sequential, a summary and a transcript memory. A re-run keeps every finished run; the tables:
+# parallel and sequential, a summary and a transcript memory; once all arms of that seed are in, the best of them
+# as well (`private-MEMORY-TAG-ARM`) if it is not the one swept. A re-run keeps every finished run; the tables:
 # experiments/world_model_report.py.
 #   bash experiments/world_model_study.sh
 #   SEEDS=0 STEPS=10 bash experiments/world_model_study.sh   # one seed first
@@ -34,6 +35,16 @@ private() {  # private rehearsal with the SFT checkpoint and the best arm traine
       --modes parallel,sequential --private-memory "$memory"
   done
 }
+private_best() {  # once every arm of the seed is in: the best arm too, if the sweeps above ran with another one
+  local best arm
+  best=$(.venv/bin/python experiments/world_model_report.py --root "$ROOT" --tag "$TAG" --seed "$1" --best)
+  arm=${best%%-screened-*}
+  grep -qs "$best/checkpoint" "$ROOT/private-summary-$TAG/run.json" && return
+  for memory in summary transcript; do
+    done_run "private-$memory-$TAG-$arm" || envace sweep --name "private-$memory-$TAG-$arm" --config "$CONFIG" \
+      --models "$arm=$ROOT/$best/checkpoint" --budgets 0,1,2 --modes parallel,sequential --private-memory "$memory"
+  done
+}
 for seed in $SEEDS; do
   measure "sft-$TAG" "$ROOT/sft-$TAG/checkpoint"
   for arm in $ARMS; do  # one arm at a time, measured as soon as it is trained: what finishes is reported
@@ -43,5 +54,6 @@ for seed in $SEEDS; do
     # once, on the first seed, as soon as the control is in (the rest of the arms after it)
     if [ "$seed" = "$FIRST" ] && [ "$arm" = "${PRIVATE_AFTER:-control}" ]; then private "$seed"; fi
   done
+  if [ "$seed" = "$FIRST" ]; then private_best "$seed"; fi
 done
 envace runs
