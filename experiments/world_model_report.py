@@ -66,28 +66,31 @@ def delta(frame: pd.DataFrame, metric: str) -> tuple[float, float, float, float]
     return float(diff.mean()), lo, hi, sign_test(diff)
 
 
-def paired(frame: pd.DataFrame) -> dict[str, str]:
-    """Δ (arm − SFT) of each metric over matched calls: `Δ (low … high) p` cells."""
-    out = {"calls": str(len(frame))}
+def paired(frame: pd.DataFrame) -> tuple[dict[str, str], dict]:
+    """Δ (arm − SFT) of each metric over matched calls: the table's `Δ (low … high) p` cells, and the numbers
+    (`calls`, and `delta`'s tuple per metric) for the figure."""
+    numbers = {"calls": len(frame), **{m: delta(frame, m) for m in METRICS}}
+    cells = {"calls": str(len(frame))}
     for m in METRICS:
-        d = delta(frame, m)
-        out[f"Δ {m}"] = "–" if d is None else f"{d[0]:+.3f} ({d[1]:+.3f} … {d[2]:+.3f}) p={d[3]:.3g}"
-    return out
+        d = numbers[m]
+        cells[f"Δ {m}"] = "–" if d is None else f"{d[0]:+.3f} ({d[1]:+.3f} … {d[2]:+.3f}) p={d[3]:.3g}"
+    return cells, numbers
 
 
-def forest(parts: dict[str, pd.DataFrame], out: str) -> None:
-    """The Δ tables as a figure (standalone HTML): one row per arm and call set, Δ exact and Δ struct F1 against
-    SFT with their 95% intervals; a row whose interval misses 0 is one the tables call an effect."""
+def forest(parts: dict[str, dict], out: str) -> None:
+    """The Δ tables as a figure (standalone HTML): one row per arm and call set (`paired`'s numbers), Δ exact and
+    Δ struct F1 against SFT with their 95% intervals; a row whose interval misses 0 is one the tables call an
+    effect."""
     labels = list(parts)[::-1]  # plotly draws the first row at the bottom
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("Δ exact", "Δ struct F1"))
     for col, metric in enumerate(("exact", "structure_f1"), start=1):
-        cells = [delta(parts[label], metric) or (np.nan,) * 4 for label in labels]
+        cells = [parts[label][metric] or (np.nan,) * 4 for label in labels]
         mean = [c[0] for c in cells]
         fig.add_trace(go.Scatter(
             x=mean, y=labels, mode="markers", showlegend=False, marker={"size": 9},
             error_x={"type": "data", "symmetric": False, "array": [c[2] - c[0] for c in cells],
                      "arrayminus": [c[0] - c[1] for c in cells]},
-            customdata=[[len(parts[label]), c[3]] for label, c in zip(labels, cells, strict=True)],
+            customdata=[[parts[label]["calls"], c[3]] for label, c in zip(labels, cells, strict=True)],
             hovertemplate="%{y}<br>Δ %{x:+.3f}<br>calls %{customdata[0]}, sign test p %{customdata[1]:.3g}"
                           "<extra></extra>"), row=1, col=col)
         fig.add_vline(x=0, line={"color": "grey", "dash": "dot"}, row=1, col=col)
@@ -117,13 +120,13 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
             if f"wm-{run}" not in present:
                 continue
             matched = world_model.matched(base, wb.world_model_calls(f"wm-{run}"), (sft, f"wm-{run}"))
-            overall.append({"arm": arm, "seed": seed, **paired(matched)})
+            cells, parts[f"{arm} s{seed}: all {len(matched)} calls"] = paired(matched)
+            overall.append({"arm": arm, "seed": seed, **cells})
             in_pool = matched["tool"].isin(pool_tools(wb, run))
-            parts[f"{arm} s{seed}: all {len(matched)} calls"] = matched
             for name, part in (("tool called in the trained pool", matched[in_pool]),
                                ("tool not called in the trained pool", matched[~in_pool])):
-                split.append({"arm": arm, "seed": seed, "calls of": name, **paired(part)})
-                parts[f"{arm} s{seed}: {len(part)} calls, {name.removeprefix('tool ')}"] = part
+                cells, parts[f"{arm} s{seed}: {len(part)} calls, {name.removeprefix('tool ')}"] = paired(part)
+                split.append({"arm": arm, "seed": seed, "calls of": name, **cells})
             for tool, part in matched.groupby("tool"):
                 d = (part["exact_b"] - part["exact_a"]).to_numpy(float)
                 f = (part["structure_f1_b"] - part["structure_f1_a"]).to_numpy(float)
@@ -142,13 +145,12 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
             forest(parts, plot)
 
 
-def private_tables(wb: Workbench, tag: str) -> None:
+def private_tables(wb: Workbench, tag: str, sweeps: set[str]) -> None:
     rows = []
-    runs = wb.runs().query("status == 'completed' and kind == 'sweep'")["run_id"]
     for memory in ("summary", "transcript"):
         # `private-MEMORY-TAG`, and `private-MEMORY-TAG-ARM` for an arm swept later (world_model_study.sh)
         name = f"private-{memory}-{tag}"
-        for sweep in sorted(r for r in runs if r == name or r.startswith(f"{name}-")):
+        for sweep in sorted(r for r in sweeps if r == name or r.startswith(f"{name}-")):
             rows += private_cells(wb, sweep, memory)
     if rows:
         print("\n### Private rehearsal on the 24 test turns, both memory kinds\n")
@@ -205,13 +207,14 @@ def main() -> int:
     parser.add_argument("--plot", metavar="OUT.html", help="also save the Δ tables as a figure")
     args = parser.parse_args()
     wb = Workbench(args.root)
-    present = set(wb.runs().query("status == 'completed'")["run_id"])
+    completed = wb.runs().query("status == 'completed'")
+    present = set(completed["run_id"])
     try:
         if args.best:
             print(best_arm(wb, args.tag, args.seed, args.arms, present))
             return 0
         world_model_tables(wb, args.tag, args.seeds, args.arms, present, args.plot)
-        private_tables(wb, args.tag)
+        private_tables(wb, args.tag, set(completed.query("kind == 'sweep'")["run_id"]))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
