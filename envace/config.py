@@ -69,7 +69,7 @@ def check_field(name: str, value: Any, hint: Any) -> None:
     """One field's value against its annotation: the type, a `Literal` choice, a finite number."""
     if not _fits(value, hint):
         if choices(hint) and isinstance(value, str):
-            raise UsageError(f"{name}: unknown choice '{value}' (choose from {', '.join(map(str, choices(hint)))})")
+            raise UsageError(f"{name}: unknown choice {value!r} (choose from {', '.join(map(str, choices(hint)))})")
         raise UsageError(f"{name}: expected {_expected(hint)}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"{name}: expected a finite number, got {value!r}")
@@ -278,7 +278,7 @@ class RolloutConfig(Config):
         except UsageError as exc:
             raise UsageError(f"env: {exc}") from None
         if self.category not in benchmark.categories:
-            raise UsageError(f"category: unknown {self.env} category '{self.category}' "
+            raise UsageError(f"category: unknown {self.env} category {self.category!r} "
                              f"(choose from {', '.join(benchmark.categories)})")
         at_least(self, 1, "limit", "group_size", "batch_size", "max_steps_per_turn", "max_new_tokens",
                  "max_batch_tokens", "user_max_new_tokens", "max_user_turns", "min_turn_calls")
@@ -376,6 +376,11 @@ class TrainConfig(Config):
                                       "pack and the deferred segments above it); more = fewer, larger forward "
                                       "passes (unset = the longest sequence chain packing forwards: never more "
                                       "memory than chain)", None)
+    tree_attention: Literal["auto", "dense", "flex"] = doc(
+        "tree packing's attention: dense (an additive [tokens × keys] mask per tree, SDPA computes every masked-out "
+        "pair) | flex (FlexAttention with a block mask from the tree, masked-out blocks skipped; CUDA only: no "
+        "backward on CPU) | auto (measured: the faster of the two per device and pack size, dense on a CPU)",
+        "auto")
     flat_row_metrics: bool = doc("forward the rows whose advantage is exactly 0 (never back-propagated: they add "
                                  "nothing to the gradient) without gradient, so entropy and the log-prob gap "
                                  "cover them too", False)
@@ -399,6 +404,11 @@ class TrainConfig(Config):
     fsdp: bool = doc("with several processes, shard weights, gradients and AdamW's moments across them (FSDP2, "
                      "one unit per decoder layer); rollouts run on a whole copy synced after each update. "
                      "`accelerate launch` with an FSDP config (experiments/accelerate_fsdp.yaml) sets it", False)
+    fsdp_reduce_every_pass: bool = doc(
+        "fsdp: reduce-scatter the gradients after every forward/backward pass, so they accumulate sharded (1/N of "
+        "their memory, one collective per pass), instead of once after the last pass (fewer collectives, but a "
+        "whole unsharded gradient per weight is held between passes: 2 bytes a weight in bf16, 16 GB at 8B)",
+        False)
     save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
     real_fraction_end: float | None = doc("anneal rollout.real_fraction linearly to this by the last step "
                                           "(unset = constant)", None)
@@ -407,6 +417,11 @@ class TrainConfig(Config):
     servers: str = doc("vLLM servers to generate rollouts with, already running on the base model: comma-separated "
                        "`http://HOST:PORT/v1` URLs, `?model=NAME` on one (empty: with rollout.backend = vllm, one "
                        "is started); the trained weights are pushed to every one after each update", "")
+    max_staleness: int = doc(
+        "how many policy versions the rollouts may run ahead of the update: 0 (synchronous: play with the weights "
+        "after k updates, update, play again) | k ≥ 1 (an actor plays step b with the weights after b − k updates "
+        "while the learner updates, correcting with truncated importance sampling: needs vllm_importance_cap; "
+        "one process)", 0)
     vllm_importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
                                             "(vLLM's differ slightly from the trainer's): each token's weight is "
                                             "min(pi/pi_sampler, cap); unset = off", None)
@@ -452,6 +467,14 @@ class TrainConfig(Config):
                                             not all(isinstance(u, str) and u for u in self.grpo_units)):
             raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")
         at_least(self, 1, "vllm_importance_cap")
+        at_least(self, 0, "max_staleness")
+        if self.max_staleness and self.vllm_importance_cap is None:
+            raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
+                             "vllm_importance_cap (truncated importance sampling against the sampler's log-probs, "
+                             "e.g. 2.0)")
+        if self.max_staleness and (self.fsdp or self.shard_optimizer):
+            raise UsageError("max_staleness: rollouts ahead of the update run in one process for now (no fsdp, "
+                             "no shard_optimizer)")
         if not 0 < self.vllm_gpu_memory < 1:
             raise UsageError(f"vllm_gpu_memory: a share of the GPU's memory in (0, 1), got {self.vllm_gpu_memory!r}")
         if self.dist_timeout_s <= 0:

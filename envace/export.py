@@ -18,7 +18,7 @@ FORMATS = ("hf-datasets", "parquet", "jsonl")
 def export_run(root: str | Path, run_id: str, fmt: str, out: str | Path) -> dict[str, int]:
     """Write `run_id`'s tables to `out`; returns the rows per table written."""
     if fmt not in FORMATS:
-        raise UsageError(f"--format: unknown choice '{fmt}' (choose from {', '.join(FORMATS)})")
+        raise UsageError(f"--format: unknown choice {fmt!r} (choose from {', '.join(FORMATS)})")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out} exists and is not empty")

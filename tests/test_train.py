@@ -297,11 +297,13 @@ def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_p
     assert not list(tmp_path.iterdir())  # refused before any run was created
 
 
-@pytest.mark.parametrize("mode", ["full", "lora", "zero"])
+@pytest.mark.parametrize("mode", ["full", "full_every_pass", "lora", "zero"])
 def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
     """Two FSDP processes with unequal shares (one pads with idle passes) take, over two updates with a
     save and load between them, the steps one process takes with the whole batch; so does ZeRO stage 1
-    (`zero`: whole weights on each process, AdamW's moments sharded and gathered whole into the state)."""
+    (`zero`: whole weights on each process, AdamW's moments sharded and gathered whole into the state).
+    FSDP2 holds whole, unsharded gradients between the passes of a step unless they are reduce-scattered
+    after every pass (`fsdp_reduce_every_pass`)."""
     import json
 
     out = tmp_path / "result.json"
@@ -316,6 +318,8 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
     # chain's order gave 1.5%), so its weights agree to 5e-5 where chain's agreed to 3e-6.
     assert result["weights"] < 1e-4 and result["moments"] < 1e-6
     assert result["saved"] == [result["tensors"]] * 2  # whole weights and moments, not one shard
+    if mode in ("full", "full_every_pass"):
+        assert (result["held"] == 0) == (mode == "full_every_pass")
 
 
 def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, monkeypatch, tiny):
@@ -358,7 +362,7 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
         used.append(list(zip(rows, advantages, strict=True)))
         return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "HFBackend", lambda model, tokenizer: CoinFlipCaller(tokenizer, train_tasks))
+    monkeypatch.setattr(trainer, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
     monkeypatch.setattr(trainer, "grpo_step", recording_step)
     root = tmp_path / "runs"
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft_tasks=0",

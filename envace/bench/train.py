@@ -12,6 +12,10 @@ model, as the CPU recipe trains) and takes one AdamW step over the same rows:
 - with `--trl`, TRL's `GRPOTrainer.compute_loss` (its own loss) on the same rows, one row per micro-batch
   as its `per_device_train_batch_size = 1` would, then backward and AdamW.
 
+Then the same rows' tree packs forwarded without gradient, their masked attention once as a dense additive
+mask (SDPA) and once as FlexAttention (`training/flex_tree.py`), side by side: forward only off CUDA, since
+FlexAttention has no backward pass on a CPU (where it runs eagerly, unfused).
+
 Row-tokens/s counts every row's prompt + completion tokens (the work a per-row trainer does) over wall
 time; peak memory is the high-water mark above the level before the phase, sampled every 50 ms, of the heap
 in use (malloc'd and not freed: what a strategy holds at once) and of the resident set (after freed heap was
@@ -36,8 +40,11 @@ from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.models import add_lora, load_policy
 from envace.rehearsal.examples import ExampleBank
-from envace.training.grpo import Row, grpo_step
-from envace.training.packing.tree import tree_tokens
+from envace.training import flex_tree
+from envace.training.forward import attention_blocks
+from envace.training.grpo import Row, backward, grpo_step
+from envace.training.packing import build
+from envace.training.packing.tree import Restore, tree_tokens
 from envace.training.rows import reference_rows
 
 
@@ -280,7 +287,62 @@ def _grpo_arms(base, tok, cfg, steps: int, from_run: str | None, root: str, trl:
                                                max(totals["tree, A = 0 skipped"]["wall_s"], 1e-9), 2)
     say(f"tree ÷ chain wall: {result['tree_over_chain']:.2f} (every row back-propagated); with the rows whose "
         f"advantage is 0 skipped: {result['skipping_tree_over_chain']:.2f}")
+    result["tree_attention"] = _tree_attention_forward(base, tok, batches, max_pack_tokens, say)
     return result
+
+
+def _tree_attention_forward(base, tok, batches, max_pack_tokens: int | None, say) -> dict[str, dict[str, float]]:
+    """The steps' tree packs forwarded without gradient, masked attention `dense` (SDPA, additive mask) against
+    `flex` (FlexAttention, block mask); every row forwarded with advantage 1 (the loss is then the rows' mean NLL,
+    which both must give). One untimed pass of each first (FlexAttention's tracing). Off CUDA this is forward
+    only: FlexAttention has no backward pass there."""
+    device = next(base.parameters()).device.type
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("dense", "flex"):
+        t = out[kind] = {"packs": 0, "flex_packs": 0, "forward_tokens": 0, "wall_s": 0.0, "loss": 0.0}
+        for k, (rows, _) in enumerate(batches):
+            with torch.no_grad():
+                if k == 0:
+                    _forward_only(base, tok, rows, max_pack_tokens, kind)
+                _free()
+                started = time.perf_counter()
+                stats = _forward_only(base, tok, rows, max_pack_tokens, kind)
+                t["wall_s"] += time.perf_counter() - started
+            t["packs"] += stats["packs"]
+            t["flex_packs"] += stats["tree_attention_flex_packs"]
+            t["forward_tokens"] += stats["forward_tokens"]
+            t["loss"] += stats["loss"]
+    only = " (FlexAttention has no backward pass here)" if device != "cuda" else ""
+    say(f"tree attention on {device}, forward without gradient{only}: kernel | packs (of them FlexAttention) | "
+        f"tokens forwarded | wall s | tokens/s | loss at A = 1 (mean NLL)")
+    for kind, t in out.items():
+        say(f"  {kind} | {t['packs']} ({t['flex_packs']}) | {t['forward_tokens']} | {t['wall_s']:.2f} | "
+            f"{t['forward_tokens'] / max(t['wall_s'], 1e-9):.1f} | {t['loss']:.6f}")
+    out["tiles"] = tiles = _tiles(batches, max_pack_tokens)
+    speed = out["dense"]["wall_s"] / max(out["flex"]["wall_s"], 1e-9)
+    say(f"  flex's speed ÷ dense's (dense wall / flex wall): {speed:.2f}; FlexAttention computes "
+        f"{tiles['computed']} of the masked blocks' {tiles['total']} tiles of 128 × 128; |Δ mean NLL| "
+        f"{abs(out['flex']['loss'] - out['dense']['loss']):.1e}")
+    return out
+
+
+def _tiles(batches, max_pack_tokens: int | None) -> dict[str, int]:
+    """128 × 128 tiles of the tree packs' masked blocks: those FlexAttention computes (a visible pair in them), all."""
+    computed = total = 0
+    for rows, _ in batches:
+        for op in build(rows, "tree", max_pack_tokens):
+            if isinstance(op, Restore):
+                continue
+            for block, keys, masked in attention_blocks(op.tree):
+                if masked:
+                    c, t = flex_tree.tiles(flex_tree.tree_block_mask(op.tree, block, keys, "cpu"))
+                    computed, total = computed + c, total + t
+    return {"computed": computed, "total": total}
+
+
+def _forward_only(model, tok, rows: list[Row], max_pack_tokens: int | None, kind: str) -> dict:
+    return backward(model, rows, [1.0] * len(rows), tok.pad_token_id, packing="tree", max_pack_tokens=max_pack_tokens,
+                    skip_flat=False, tree_attention=kind)
 
 
 def _time_step(base, tok, rows: list[Row], advantages: list[float], lr: float, max_pack_tokens: int | None,

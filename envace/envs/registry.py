@@ -55,7 +55,7 @@ def get(name: str) -> Benchmark:
         return plugins.from_entry_point(entry_point)
     if plugins.is_spec(name):
         return plugins.from_spec(name)
-    raise UsageError(f"unknown env '{name}' (choose from {', '.join(names())}, or give package.module:factory)")
+    raise UsageError(f"unknown env {name!r} (choose from {', '.join(names())}, or give package.module:factory)")
 
 
 @dataclass(frozen=True)

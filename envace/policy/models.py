@@ -47,6 +47,19 @@ def tokenizer_for(spec: str):
     return load_tokenizer(spec)
 
 
+def has_dropout(model) -> bool:
+    """Whether a training forward of `model` draws random numbers (dropout anywhere, attention's included).
+
+    Only then must a checkpointed recompute replay the global RNG state. Replaying it otherwise would rewind
+    the RNG under anything drawing from it meanwhile: an actor sampling on another thread (`max_staleness`)
+    would draw other tokens depending on how the two interleave."""
+    import torch
+
+    config = getattr(model, "config", None)
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or \
+        float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0
+
+
 def enable_checkpointing(model) -> None:
     """Recompute each decoder layer's activations in the backward pass (less memory, ~30% more time).
 
@@ -54,7 +67,7 @@ def enable_checkpointing(model) -> None:
     GPU machine's, has only `gradient_checkpointing_enable`. Non-reentrant: it composes with FSDP2 and with
     the checkpointed segments of tree packing. LoRA leaves the embeddings frozen, so the checkpointed
     blocks get a gradient path through their inputs."""
-    kwargs = {"use_reentrant": False}
+    kwargs = {"use_reentrant": False, "preserve_rng_state": has_dropout(model)}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

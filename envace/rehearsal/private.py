@@ -53,7 +53,8 @@ class PrivateRehearsal:
         sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
         rehearser = self.rehearser.reseeded(sampler, config.rehearser, config.frozen_rehearser) if self.rehearser \
             else Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
-                           frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error)
+                           frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error,
+                           max_context=engine.max_context)
         return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
                              engine.examples, max_context=engine.max_context)
 

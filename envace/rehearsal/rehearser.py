@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from envace.config import RehearserOptions
 from envace.envs.benchmark import json_error
 from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, strip_thinking
-from envace.policy.backend import Backend
+from envace.policy.backend import Backend, Generation
 from envace.rehearsal.episode import Pending
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.prompts import ChatRenderer, rehearser_prompt
@@ -56,18 +56,47 @@ class Rehearser:
     the benchmark's failure convention (`Benchmark.is_error`). `backend` is the rehearser's own model when it is
     not the policy's (a frozen external simulator, or the gold: `RolloutConfig.rehearser_model`), with
     `renderer` its tokenizer's; None generates through the sampler's backend, the policy.
+
+    `max_context` bounds prompt + rehearsal (the server's context, or training's packing budget): a rehearsal
+    gets what is left of it when that is less than `max_new_tokens`, and a prompt with nothing left gets no
+    tokens at all (an empty, malformed rehearsal) instead of a request the server would refuse.
     """
 
     def __init__(self, sampler: Sampler, renderer: ChatRenderer, examples: ExampleBank, options: RehearserOptions,
-                 frozen: bool = False, is_error: Callable[[str], bool] = json_error, backend: Backend | None = None
-                 ) -> None:
+                 frozen: bool = False, is_error: Callable[[str], bool] = json_error, backend: Backend | None = None,
+                 max_context: int | None = None) -> None:
         self.sampler, self.renderer, self.examples, self.options, self.frozen = \
             sampler, renderer, examples, options, frozen
-        self.is_error, self.backend = is_error, backend
+        self.is_error, self.backend, self.max_context = is_error, backend, max_context
 
     def reseeded(self, sampler: Sampler, options: RehearserOptions, frozen: bool) -> Rehearser:
-        """The same rehearser (model, renderer, grounding, error rule) drawing through another sampler."""
-        return Rehearser(sampler, self.renderer, self.examples, options, frozen, self.is_error, self.backend)
+        """The same rehearser (model, renderer, grounding, error rule, context) drawing through another sampler."""
+        return Rehearser(sampler, self.renderer, self.examples, options, frozen, self.is_error, self.backend,
+                         self.max_context)
+
+    def _budgets(self, prompts: list[list[int]]) -> list[int]:
+        """Each prompt's token budget: `max_new_tokens`, clamped to what is left of `max_context` (0: none left)."""
+        wanted = self.options.max_new_tokens
+        if self.max_context is None:
+            return [wanted] * len(prompts)
+        return [max(0, min(wanted, self.max_context - len(p))) for p in prompts]
+
+    def _generate(self, pending: list[Pending], prompts: list[list[int]]) -> list[Generation]:
+        """One backend call per distinct budget (one call unless the context clamps some prompts)."""
+        budgets = self._budgets(prompts)
+        out: list[Generation | None] = [None] * len(prompts)
+        for budget in sorted(set(budgets), reverse=True):
+            picked = [i for i, b in enumerate(budgets) if b == budget]
+            if budget == 0:
+                for i in picked:
+                    out[i] = Generation([], "", "length", [])
+                continue
+            gens = self.sampler([prompts[i] for i in picked], budget, frozen=self.frozen and self.backend is None,
+                                backend=self.backend, tasks=[pending[i].episode.task.uid for i in picked],
+                                temperature=self.options.temperature)
+            for i, gen in zip(picked, gens, strict=True):
+                out[i] = gen
+        return [g for g in out if g is not None]
 
     def rehearse(self, pending: list[Pending]) -> list[Rehearsal]:
         if not pending:
@@ -79,9 +108,7 @@ class Rehearser:
             shown.append([e.content for e in examples])
             messages = rehearser_prompt(ep.task, p.call, examples, ep.history, ep.latest, self.options)
             prompts.append(self.renderer.messages(messages))
-        gens = self.sampler(prompts, self.options.max_new_tokens, frozen=self.frozen and self.backend is None,
-                            backend=self.backend, tasks=[p.episode.task.uid for p in pending],
-                            temperature=self.options.temperature)
+        gens = self._generate(pending, prompts)
         out = []
         for p, prompt, gen, examples in zip(pending, prompts, gens, shown, strict=True):
             parsed = parse_execution_result(strip_thinking(gen.text))

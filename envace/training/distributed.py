@@ -41,7 +41,8 @@ def launch_position() -> tuple[int, int]:
 class Processes:
     """This process's rank among `world` data-parallel processes, and how the model is spread over them."""
 
-    def __init__(self, fsdp: bool = False, reshard_after_forward: bool = True, timeout_s: float = 1800.0) -> None:
+    def __init__(self, fsdp: bool = False, reshard_after_forward: bool = True, timeout_s: float = 1800.0,
+                 reduce_every_pass: bool = False) -> None:
         self.rank, self.world = launch_position()
         if self.world > 1:
             from datetime import timedelta
@@ -57,6 +58,7 @@ class Processes:
         # NCCL reduces only tensors on the process's GPU; gloo takes CPU tensors.
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.reshard_after_forward = reshard_after_forward
+        self.reduce_every_pass = reduce_every_pass
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard `model` for training when `fsdp`; returns the model rollouts generate with."""
@@ -78,9 +80,11 @@ class Processes:
         return int(self._reduce(count, torch.distributed.ReduceOp.MAX)) if self.fsdp else count
 
     def gradient_sync(self, model: torch.nn.Module, last: bool) -> None:
-        """Under FSDP, reduce-scatter the accumulated gradients only in the last backward pass."""
+        """Under FSDP, reduce-scatter the gradients in the last backward pass only (FSDP2 then holds each weight's
+        whole, unsharded gradient between passes), or in every pass with `reduce_every_pass` (they accumulate
+        sharded: the sum of the per-pass sums, the same gradient up to the order of additions)."""
         if self.fsdp:
-            model.set_requires_gradient_sync(last)
+            model.set_requires_gradient_sync(last or self.reduce_every_pass)
 
     @property
     def main(self) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from envace.training import flex_tree
 from envace.training import forward as fwd
 from envace.training.packing import Pack, build, sequence_pack
 from envace.training.packing.chain import chains as pack  # noqa: F401  (an episode's caller rows, joined)
@@ -109,7 +110,7 @@ _SUMS = ("loss", "entropy_sum", "tokens", "behaviour_tokens", "logprob_gap_sum",
 
 
 def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows: int, importance_cap,
-         chunk: int, sums: dict) -> bool:
+         chunk: int, sums: dict, tree_attention: str = "dense") -> bool:
     """Forward and back-propagate `ops` in order (a deferred segment's backward waits for its `Restore`), adding
     each pack's statistics into `sums`; False if any loss was not finite. Under `torch.no_grad()`: forward only."""
     deferred: dict[int, tuple] = {}  # segment -> (its loss, recorded keys and values, their leaves)
@@ -122,7 +123,7 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
             if torch.is_grad_enabled():
                 fwd.restore(loss, recorded, own)
             continue
-        forwarded = fwd.forward(model, op, leaves, chunk)
+        forwarded = fwd.forward(model, op, leaves, chunk, tree_attention)
         loss, stats = policy_loss(forwarded, op, rows, advantages, total_rows, importance_cap)
         finite = finite and bool(torch.isfinite(loss))
         sums["loss"] += loss.item()
@@ -130,6 +131,7 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
             sums[k] += stats[k]
         sums["passes"] += 1
         sums["forward_tokens"] += len(op.ids)
+        sums["tree_attention_flex_packs"] += forwarded.flex
         if forwarded.recorded is not None:
             sums["recomputed_tokens"] += len(op.ids) * torch.is_grad_enabled()  # forwarded again by `restore`
             leaves[op.tree.record] = fwd.leaves_of(forwarded.recorded)
@@ -140,18 +142,20 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
 
 
 def _passes(model, rows: list[Row], advantages: list[float], total_rows: int, processes, importance_cap,
-            packing: str, max_pack_tokens: int | None, chunk: int, pad_id: int, sums: dict) -> bool:
+            packing: str, max_pack_tokens: int | None, chunk: int, pad_id: int, sums: dict,
+            tree_attention: str = "dense") -> bool:
     """Every op of `rows` (see `backward`); under FSDP one pack per pass, as many passes as the busiest process."""
     fsdp = bool(processes and processes.fsdp)
     ops = build(rows, packing, max_pack_tokens, recompute=fsdp)
     if not fsdp:
-        return _run(model, ops, rows, advantages, total_rows, importance_cap, chunk, sums)
+        return _run(model, ops, rows, advantages, total_rows, importance_cap, chunk, sums, tree_attention)
     idle = ([sequence_pack([pad_id, pad_id], [(0, 1, 1)])], [Row("", "", [pad_id], [pad_id], 0.0)], [0.0])
     passes, finite = processes.passes(len(ops)), True
     for i in range(passes):
         processes.gradient_sync(model, last=i == passes - 1)
         if i < len(ops):
-            finite = _run(model, [ops[i]], rows, advantages, total_rows, importance_cap, chunk, sums) and finite
+            finite = _run(model, [ops[i]], rows, advantages, total_rows, importance_cap, chunk, sums,
+                          tree_attention) and finite
         else:  # an idle pass: advantage 0, no gradient, but the collectives of a forward and a backward
             _run(model, *idle, total_rows, None, chunk, dict.fromkeys(sums, 0))
     return finite
@@ -160,7 +164,7 @@ def _passes(model, rows: list[Row], advantages: list[float], total_rows: int, pr
 def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total_rows: int | None = None,
              processes=None, importance_cap: float | None = None, packing: str = "tree",
              max_pack_tokens: int | None = None, flat_row_metrics: bool = False, chunk: int = 256,
-             skip_flat: bool = True) -> dict:
+             skip_flat: bool = True, tree_attention: str = "auto") -> dict:
     """Accumulate the gradient of `policy_loss` over the whole batch, one pack (`packing`) per forward pass.
 
     A row with advantage exactly 0 (or no completion) adds nothing to the gradient and is not back-propagated
@@ -169,26 +173,31 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
     back-propagates them anyway, at their full cost: how the update ran before, for benchmarks). Every pass
     back-propagates, even a non-finite one (the caller then skips the update). Under FSDP every process runs
     as many passes as the busiest, and tree packs are recomputed rather than deferred (`packing.tree`):
-    each pass is then one forward and one backward on every process, in the same order.
+    each pass is then one forward and one backward on every process, in the same order. `tree_attention`: the
+    kernel of a tree pack's masked attention (dense | flex | auto, `flex_tree.choose`); `flex` needs CUDA when
+    gradients are computed. `tree_attention_flex_packs` counts the packs that ran FlexAttention.
     """
+    if packing == "tree":
+        flex_tree.check(tree_attention, next(model.parameters()).device, grad=torch.is_grad_enabled())
     total_rows = total_rows or len(rows)
     moves = [(a != 0.0 and bool(r.completion_ids)) or not skip_flat for r, a in zip(rows, advantages, strict=True)]
     trained = [i for i, m in enumerate(moves) if m]
     flat = [i for i, m in enumerate(moves) if not m]
-    sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens", "recomputed_tokens"), 0)
+    sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens", "recomputed_tokens", "tree_attention_flex_packs"), 0)
     with fwd.tree_attention_on(model) if packing == "tree" else nullcontext():
         finite = _passes(model, [rows[i] for i in trained], [advantages[i] for i in trained], total_rows, processes,
-                         importance_cap, packing, max_pack_tokens, chunk, pad_id, sums)
+                         importance_cap, packing, max_pack_tokens, chunk, pad_id, sums, tree_attention)
         metrics = dict.fromkeys(sums, 0)
         if flat_row_metrics and (flat or processes and processes.fsdp):
             with torch.no_grad():
                 _passes(model, [rows[i] for i in flat], [0.0] * len(flat), total_rows, processes, None, packing,
-                        max_pack_tokens, chunk, pad_id, metrics)
+                        max_pack_tokens, chunk, pad_id, metrics, tree_attention)
     tokens = sums["tokens"] + metrics["tokens"]
     out = {"loss": sums["loss"] * total_rows / max(len(rows), 1), "tokens": sums["tokens"],
            "entropy": (sums["entropy_sum"] + metrics["entropy_sum"]) / max(tokens, 1),
            "packs": sums["passes"], "forward_tokens": sums["forward_tokens"],
            "recomputed_tokens": sums["recomputed_tokens"],
+           "tree_attention_flex_packs": sums["tree_attention_flex_packs"] + metrics["tree_attention_flex_packs"],
            "rows_backpropagated": len(trained), "rows_skipped": len(flat), "finite": finite}
     measured = sums["behaviour_tokens"] + metrics["behaviour_tokens"]
     if measured:  # the sampler's log-probs against the trainer's, over the tokens that have them
@@ -200,19 +209,19 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
 def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,
               max_grad_norm: float = 1.0, processes=None, importance_cap: float | None = None,
               packing: str = "tree", max_pack_tokens: int | None = None, flat_row_metrics: bool = False,
-              skip_flat: bool = True) -> dict:
+              skip_flat: bool = True, tree_attention: str = "auto") -> dict:
     """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step, and so
     does a batch whose every advantage is 0 (nothing back-propagated on any process: no weight moves, the
     optimiser's moments included).
 
     With data-parallel `processes` (`envace.training.distributed`), `rows` is this process's share
     and the gradients of all shares are summed before clipping (FSDP: reduce-scattered, and clipped
-    by the global norm).
+    by the global norm). `tree_attention`: a tree pack's attention kernel (`backward`).
     """
     optimizer.zero_grad(set_to_none=True)
     total = int(processes.total(len(rows))) if processes else len(rows)
     stats = backward(model, rows, advantages, pad_id, total, processes, importance_cap, packing, max_pack_tokens,
-                     flat_row_metrics, skip_flat=skip_flat)
+                     flat_row_metrics, skip_flat=skip_flat, tree_attention=tree_attention)
     adv = torch.tensor(advantages)
     adv_stats = {"adv_mean": adv.mean().item() if len(adv) else 0.0,
                  "adv_std": adv.std().item() if len(adv) > 1 else 0.0}

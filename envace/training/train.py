@@ -26,6 +26,7 @@ redone after a kill rewrites its rows instead of duplicating them.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import shutil
@@ -49,6 +50,8 @@ from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
 from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
+from envace.training.actor import Played, RolloutActor, trainable
+from envace.training.budget import fitting, fitting_pool, row_budget
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
 from envace.training.grpo import Row, backward, grpo_step, role_advantages, signal_groups
@@ -56,6 +59,7 @@ from envace.training.packing.chain import chains
 from envace.training.packing.tree import check_budget
 from envace.training.rows import reference_rows, training_rows
 from envace.training.served import ServedPolicy
+from envace.training.staleness import AheadPipeline
 from envace.types import Role
 
 
@@ -85,13 +89,15 @@ def _write_metrics(run: Run, tracker: Tracker, step: int, phase: str, values: di
     tracker.log(keyed(phase, values), step)
 
 
-def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes) -> None:
-    """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`."""
+def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes,
+                versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
+    """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`, with the
+    earlier policy versions the next steps are sampled with (`max_staleness`)."""
     state = procs.state(model, optimizer)
     if not procs.main:
         return
     tmp = run.path / f".state.{os.getpid()}.partial"
-    torch.save({"next_step": next_step, **state}, tmp)
+    torch.save({"next_step": next_step, **state, "versions": versions or {}}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
 
 
@@ -220,7 +226,8 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
             optimizer.zero_grad(set_to_none=True)
             stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk),
-                             processes=procs, packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens)
+                             processes=procs, packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens,
+                             tree_attention=cfg.tree_attention)
             params = [p for p in model.parameters() if p.requires_grad]
             if procs.sum_gradients(params, stats["finite"]):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -240,7 +247,7 @@ def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable
     """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask."""
     fsdp = cfg.fsdp or launcher is not None
     procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True,
-                      timeout_s=cfg.dist_timeout_s)
+                      timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
     if fsdp and procs.world == 1:
         say("fsdp: a single process has nothing to shard across; training unsharded")
     return procs
@@ -258,40 +265,47 @@ def _warm_up(s: Session, train_tasks, tok) -> dict[str, float]:
     return _sft(cfg, s.model, rows, tok.pad_token_id, s.run, s.procs, s.tracker, s.say)
 
 
-def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
-    """One role-wise GRPO update: play, score, share the reward, centre it per (task, role), update, record."""
-    cfg = s.cfg
-    started = time.perf_counter()
-    s.generator.eval()
-    s.backend.clear_caches()  # cached keys and values belong to the weights before the last update
-    rollout = cfg.rollout_at(step, s.procs.rank)
-    engine = build_engine(s.backend, s.benchmark, rollout, s.bank, id_prefix=f"s{step}:")
-    engine.on_step = _heartbeat(s.say, f"GRPO step {step + 1} rollouts")
-    episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
-    scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]
-    for ep, row in zip(episodes, scored, strict=True):
-        rewards.share(ep.generations, row["checklist"])
-        if cfg.rehearser_reward == "task+fidelity":
-            rewards.add_fidelity(ep.generations, ep.pairs, cfg.fidelity_weight)
-    generations, rows = training_rows(episodes, cfg.trained_roles)
-    advantages = role_advantages(rows, cfg.scale_by_std)
-    rollout_s = time.perf_counter() - started
+def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, float] | None = None
+           ) -> dict[str, dict[str, float]] | None:
+    """One role-wise GRPO update on a played step: centre the rewards per (task, role), update, record.
+
+    `push`: the servers generate the next step with the weights just updated (the synchronous loop; with
+    `max_staleness` the actor takes published versions itself). A step sampled more than `max_staleness`
+    versions ago is dropped and counted, never trained on (None)."""
+    cfg, step, started = s.cfg, played.step, time.perf_counter()
+    staleness = step - played.version
+    if staleness > cfg.max_staleness:
+        s.say(f"GRPO step {step + 1}: sampled by policy version {played.version}, {staleness} behind: dropped")
+        return None
+    budget = row_budget(cfg)
+    generations, rows = training_rows(played.episodes, cfg.trained_roles)
+    advantages = role_advantages(rows, cfg.scale_by_std)  # over every row: an over-budget one's reward counts
+    packed = fitting(rows, budget)
+    if len(packed) < len(rows):
+        s.say(f"  warning: {len(rows) - len(packed)} row(s) over max_pack_tokens = {budget} left out of the update")
     s.model.train()
-    stats = grpo_step(s.model, s.optimizer, rows, advantages, s.backend.tokenizer.pad_token_id, processes=s.procs,
-                      importance_cap=cfg.vllm_importance_cap, packing=cfg.packing,
-                      max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics)
-    update_s = time.perf_counter() - started - rollout_s
-    s.procs.sync(s.model, s.generator)
-    if s.served is not None:  # the servers generate the next step with the weights just updated
-        stats["sync_s"] = _sync(s, s.served)
-    stats.update(rollout_s=rollout_s, update_s=update_s, step_s=time.perf_counter() - started)
-    for g, a in zip(generations, advantages, strict=True):  # stored exactly as the update used them
-        g.advantage, g.trained = a, stats["updated"] and a != 0.0  # a row with advantage 0 is not back-propagated
-    per_role = _step_metrics(rows, advantages, episodes, scored, stats, rollout.real_fraction)
+    stats = grpo_step(s.model, s.optimizer, [rows[i] for i in packed], [advantages[i] for i in packed],
+                      s.backend.tokenizer.pad_token_id, processes=s.procs, importance_cap=cfg.vllm_importance_cap,
+                      packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics,
+                      tree_attention=cfg.tree_attention)
+    stats["rows_over_budget"] = len(rows) - len(packed)
+    update_s = time.perf_counter() - started
+    if push:
+        s.procs.sync(s.model, s.generator)
+        if s.served is not None:  # the servers generate the next step with the weights just updated
+            stats["sync_s"] = _sync(s, s.served)
+    stats.update(rollout_s=played.seconds, update_s=update_s, policy_version=played.version, staleness=staleness,
+                 **(timings or {}))
+    stats["step_s"] = stats.get("step_s", played.seconds + time.perf_counter() - started)
+    packed = set(packed)
+    for i, (g, a) in enumerate(zip(generations, advantages, strict=True)):  # stored exactly as the update used them
+        # a row with advantage 0 is not back-propagated, nor is one over the budget
+        g.advantage, g.trained = a, stats["updated"] and a != 0.0 and i in packed
+    per_role = _step_metrics(rows, advantages, played.episodes, played.scored, stats, played.real_fraction)
     shard = f"step-{step:05d}" + (f"-p{s.procs.rank}" if s.procs.world > 1 else "")
     if s.procs.main:
         _write_metrics(s.run, s.tracker, step, "grpo", per_role, shard)
-    record.write_step(s.run, step, episodes, scored, shard)
+    record.write_step(s.run, step, played.episodes, played.scored, shard)
     signal = ", ".join(f"{role} {per_role[role]['signal_groups']:.0%}" for role in ("caller", "rehearser")
                        if role in per_role)
     adv = ", ".join(f"{role} ±{per_role[role]['adv_std']:.3f}" for role in ("caller", "rehearser") if role in per_role)
@@ -299,8 +313,65 @@ def _grpo_step(s: Session, step: int, tasks) -> dict[str, dict[str, float]]:
           f"{per_role['all']['checklist_mean']:.3f}, groups with signal: {signal or '-'}; "
           f"advantage spread {adv or '-'}; loss {stats['loss']:.4f}; {stats['rows_skipped']} row(s) with advantage 0 "
           f"not back-propagated" + (" (skipped: non-finite)" if stats["skipped"] else "")
-          + ("" if stats["updated"] or stats["skipped"] else " (no update: every advantage 0)"))
+          + ("" if stats["updated"] or stats["skipped"] else " (no update: every advantage 0)")
+          + (f"; sampled {staleness} version(s) ago" if cfg.max_staleness else ""))
     return per_role
+
+
+def _due(cfg: TrainConfig, updates: int, every: int) -> bool:
+    return bool(every) and (updates % every == 0 or updates == cfg.grpo_steps)
+
+
+def _in_lock_step(s: Session, tok, start: int, tasks_of: Callable[[int], list], versions: dict) -> None:
+    """`max_staleness = 0`: play step k with the weights after k updates, update, push, then play step k + 1."""
+    actor = RolloutActor(s.cfg, s.benchmark, s.bank, s.generator, s.backend, s.served,
+                         lambda what: _heartbeat(s.say, what), s.procs.rank)
+    started = time.perf_counter()
+    for step in range(start, s.cfg.grpo_steps):
+        actor.version = step  # the generation weights are the trained ones
+        _learn(s, actor.play(step, tasks_of(step)))
+        s.say(f"  {_eta(started, step + 1 - start, s.cfg.grpo_steps - start)}")
+        if _due(s.cfg, step + 1, s.cfg.eval_every):
+            _evaluate_at(s, step + 1)
+        if _due(s.cfg, step + 1, s.cfg.save_every):
+            _save_state(s.run, s.model, s.optimizer, step + 1, s.procs)
+
+
+def _ahead(s: Session, tok, start: int, tasks_of: Callable[[int], list], versions: dict) -> None:
+    """`max_staleness = k ≥ 1`: an actor thread plays up to k steps ahead on its own copy of the weights while
+    the learner updates (`staleness.py`); evaluations run on the actor's thread, after the steps handed to it."""
+    cfg = s.cfg
+    generator = copy.deepcopy(s.generator).eval()
+    backend = s.served.backend if s.served else HFBackend(generator, tok, cfg.rollout.max_batch_tokens)
+    actor = RolloutActor(cfg, s.benchmark, s.bank, generator, backend, s.served,
+                         lambda what: _heartbeat(s.say, what), s.procs.rank)
+    actor.version = -1  # loads its first version before it plays
+    pipe = AheadPipeline(actor, cfg.max_staleness, start, cfg.grpo_steps, {**versions, start: trainable(s.model)},
+                         tasks_of)
+    evaluations, started = [], time.perf_counter()
+
+    def evaluate_version(version: int, weights: dict[str, torch.Tensor]) -> None:
+        actor.load(weights, version)
+        _evaluate_at(replace(s, generator=generator, backend=backend), version)
+
+    try:
+        for step in range(start, cfg.grpo_steps):
+            pipe.fill(step)  # the learner holds version `step`
+            played, wait_s, load_s = pipe.take(step)
+            _learn(s, played, push=False, timings={"wait_s": wait_s, "load_s": load_s,
+                                                   "step_s": time.perf_counter() - started})
+            started = time.perf_counter()
+            weights = trainable(s.model)
+            pipe.publish(step + 1, weights)
+            s.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
+            if _due(cfg, step + 1, cfg.eval_every):
+                evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate_version(v, w)))
+            if _due(cfg, step + 1, cfg.save_every):
+                _save_state(s.run, s.model, s.optimizer, step + 1, s.procs, pipe.kept(step + 1))
+        for done in evaluations:
+            done.result()
+    finally:
+        pipe.close()
 
 
 def _served(s: Session, tok) -> ServedPolicy | None:
@@ -360,6 +431,9 @@ def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     launcher = launcher_fsdp(cfg.shard_optimizer)
     procs = _processes(cfg, launcher, say)
+    if procs.world > 1 and cfg.max_staleness:
+        raise UsageError("max_staleness: rollouts ahead of the update run in one process for now; launch one "
+                         "process, or set max_staleness = 0")
     if procs.world > cfg.tasks_per_step:
         raise UsageError(f"{procs.world} processes need tasks_per_step >= {procs.world} (each plays whole tasks)")
     if not procs.main:
@@ -378,23 +452,27 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         pool = [t for t in pool if units.source_uid(t) in first]
     if cfg.grpo_units is not None:
         pool = _fixed_pool(pool, cfg.grpo_units, rollout.unit)
+    cfg = replace(cfg, rollout=rollout)
+    bank = ExampleBank(train_tasks)
+    if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
+        probe = build_engine(HFBackend(model, tok), benchmark, cfg.rollout_at(0), bank)
+        pool = fitting_pool(probe, pool, row_budget(cfg), say)
     if len(pool) < cfg.tasks_per_step:
         raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
-                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls)")
-    cfg = replace(cfg, rollout=rollout)
+                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls, max_pack_tokens)")
     say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
-    s = Session(cfg, run, procs, say, benchmark, ExampleBank(train_tasks), model, procs.prepare(model))
+    s = Session(cfg, run, procs, say, benchmark, bank, model, procs.prepare(model))
     if procs.main:  # process 0 speaks for all, to the tracker too
         s.tracker = open_tracker(cfg.report_to, run, asdict(cfg))
     summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
     s.optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
     state_path = run.path / "state.pt"
     saved = state_path.exists()  # read once: every process must agree on whether to save (a collective)
-    start = 0
+    start, versions = 0, {}
     if resume and saved:
         state = torch.load(state_path, weights_only=True, map_location=s.generator.device)
         procs.load(model, s.optimizer, state)
-        start = state["next_step"]
+        start, versions = state["next_step"], state.get("versions", {})
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
     elif cfg.sft_tasks and cfg.sft_epochs:
         summary.update(_warm_up(s, train_tasks, tok))
@@ -405,19 +483,15 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     procs.sync(model, s.generator)
 
     s.served = _served(s, tok) if cfg.grpo_steps > start or cfg.eval_every else None  # nothing to generate: none
-    s.backend = s.served.backend if s.served else HFBackend(s.generator, tok)
+    s.backend = s.served.backend if s.served else HFBackend(s.generator, tok, cfg.rollout.max_batch_tokens)
     try:
         if cfg.eval_every and start == 0:
             _evaluate_at(s, 0)
-        started = time.perf_counter()
-        for step in range(start, cfg.grpo_steps):
-            tasks = procs.share(random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step))
-            _grpo_step(s, step, tasks)
-            say(f"  {_eta(started, step + 1 - start, cfg.grpo_steps - start)}")
-            if cfg.eval_every and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.grpo_steps):
-                _evaluate_at(s, step + 1)
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.grpo_steps:
-                _save_state(run, model, s.optimizer, step + 1, procs)
+
+        def tasks_of(step: int) -> list:
+            return procs.share(random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step))
+
+        (_ahead if cfg.max_staleness else _in_lock_step)(s, tok, start, tasks_of, versions)
     finally:
         if s.served is not None:
             s.served.close()

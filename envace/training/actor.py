@@ -1,0 +1,91 @@
+"""The rollout actor: plays a GRPO step's episodes with the weights of one policy version, and scores them.
+
+    weights = the published version v                    # `load`: the learner's trainable weights after v updates
+    episodes = G rollouts per task in the rehearsed world (`TrainConfig.rollout_at(step)`)
+    reward = checklist of each episode, shared by both roles (+ fidelity for the rehearser, `task+fidelity`)
+    every generation carries `policy_version = v`          # stored: what sampled it
+
+The actor owns its generation weights (`generator`: the trained module itself when the learner waits for it,
+a copy when they overlap), its backend (in-process HF generation, or the vLLM servers its weights are pushed
+to) and the engine it builds each step. The learner (`train.py`) turns what it plays into an update; with
+`max_staleness = k ≥ 1` the actor plays step b with version max(0, b − k) while the learner updates
+(`staleness.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envace import record, rewards
+from envace.config import TrainConfig
+from envace.envs.registry import Benchmark
+from envace.rehearsal.build import build_engine
+from envace.rehearsal.episode import Episode
+from envace.rehearsal.examples import ExampleBank
+from envace.training.budget import engine_context, row_budget
+from envace.training.served import ServedPolicy
+
+
+@dataclass
+class Played:
+    """One GRPO step's finished episodes, scored and rewarded, and the policy version that sampled them."""
+
+    step: int
+    version: int
+    episodes: list[Episode]
+    scored: list[dict[str, Any]]
+    real_fraction: float
+    seconds: float  # the actor's wall time on this step (loading its weights included)
+
+
+def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of the trainable weights (LoRA's adapters, or every weight): one published policy version."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+class RolloutActor:
+    """Plays steps on `generator` through `backend` (pushing to `served` when it generates); see the module
+    docstring. `heartbeat(what)` makes the engine's progress reporter."""
+
+    def __init__(self, cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, generator, backend,
+                 served: ServedPolicy | None, heartbeat: Callable[[str], Callable[[int, int], None]],
+                 rank: int = 0) -> None:
+        self.cfg, self.benchmark, self.bank, self.rank = cfg, benchmark, bank, rank
+        self.generator, self.backend, self.served, self.heartbeat = generator, backend, served, heartbeat
+        self.version = 0
+
+    def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        """Take published version `version` into the generation weights (and the servers); seconds spent."""
+        started = time.perf_counter()
+        params = dict(self.generator.named_parameters())
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value)
+        if self.served is not None:
+            self.served.sync(self.generator)
+        self.version = version
+        return time.perf_counter() - started
+
+    def play(self, step: int, tasks: list) -> Played:
+        """Step `step`'s episodes (G per task), scored, rewards shared, each generation stamped with the version."""
+        cfg, started = self.cfg, time.perf_counter()
+        self.generator.eval()
+        self.backend.clear_caches()  # cached keys and values belong to the weights before the last update
+        rollout = cfg.rollout_at(step, self.rank)
+        engine = build_engine(self.backend, self.benchmark, rollout, self.bank, id_prefix=f"s{step}:",
+                              max_context=engine_context(self.backend.max_context, row_budget(cfg)))  # rows fit
+        engine.on_step = self.heartbeat(f"GRPO step {step + 1} rollouts")
+        episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
+        scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]
+        for ep, row in zip(episodes, scored, strict=True):
+            rewards.share(ep.generations, row["checklist"])
+            if cfg.rehearser_reward == "task+fidelity":
+                rewards.add_fidelity(ep.generations, ep.pairs, cfg.fidelity_weight)
+            for g in ep.generations:
+                g.policy_version = self.version
+        return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started)
