@@ -253,9 +253,7 @@ def _world_model_table(console, root: Path, run_id: str) -> None:
 
 
 def cmd_world_model_compare(args: argparse.Namespace) -> int:
-    """`envace world-model-compare A B`: B − A on the calls both rehearsed, paired."""
-    from rich.table import Table
-
+    """`envace world-model-compare A B`: B − A on the calls both rehearsed, paired, with Holm-adjusted p."""
     from envace import world_model
     from envace.store import connect, get_run
 
@@ -264,13 +262,7 @@ def cmd_world_model_compare(args: argparse.Namespace) -> int:
     a, b = (get_run(root, r)["run_id"] for r in (args.run_a, args.run_b))
     frame = world_model.compare(world_model.matched(world_model.pairs(con, "pairs", a),
                                                     world_model.pairs(con, "pairs", b), (a, b)))
-    table = Table("metric", "calls", "A", "B", "Δ = B − A", "95% interval", "B higher", "B lower", "sign test p",
-                  title=f"world model, paired by call: A = {a}, B = {b}")
-    for r in frame.to_dict("records"):
-        table.add_row(world_model.LABELS[r["metric"]], str(r["calls"]), f"{r['a']:.3f}", f"{r['b']:.3f}",
-                      f"{r['delta']:+.3f}", f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", str(r["up"]), str(r["down"]),
-                      f"{r['sign_p']:.3g}")
-    _console().print(table)
+    _console().print(world_model.compare_table(frame, a, b))
     return 0
 
 

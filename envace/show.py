@@ -1,7 +1,8 @@
 """`envace show RUN`: the tables that describe one stored run, whatever its kind.
 
 rollout / eval: episodes per category and phase, the rubric judge's sub-score when the run was judged
-(`envace judge`), the most called tools; train: the SFT warm-up, every GRPO step per role, the evaluations,
+(`envace judge`), the most called tools; train: the SFT warm-up, every GRPO step per role, where the steps'
+time went (each part's busy share, the staleness of what was trained), the evaluations,
 the stored episodes per phase (and the rubric judge's); sweep: its cells. Each table reads the store only, so
 a run that is still writing shows what it has so far.
 """
@@ -74,6 +75,31 @@ def _grpo(con, run_id: str) -> Table | None:
     return table
 
 
+_PARTS = (("rollout_s", "rollouts (actor)"), ("update_s", "update (learner)"), ("sync_s", "weight push"),
+          ("load_s", "actor loads a version"), ("wait_s", "learner waits for rollouts"))
+
+
+def _time(con, run_id: str) -> Table | None:
+    """Where a training run's GRPO wall time went: each part's seconds and its share of the steps' wall time
+    (`step_s`), and how stale what the learner trained on was. Synchronous steps add up to 100%; with
+    `max_staleness` the actor's rollouts overlap the update, so their shares add up to more."""
+    rows = dict(con.execute("SELECT name, sum(value) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
+                            "AND name IN ('step_s', " + ", ".join(f"'{n}'" for n, _ in _PARTS) + ") GROUP BY name",
+                            [run_id]).fetchall())
+    wall = rows.get("step_s")
+    if not wall:
+        return None
+    stale = con.execute("SELECT value, count(*) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
+                        "AND name = 'staleness' GROUP BY value ORDER BY value", [run_id]).fetchall()
+    table = Table("part", "seconds", "share of wall", title=f"where the GRPO time went ({wall:.1f} s of steps)")
+    for name, label in _PARTS:
+        if name in rows:
+            table.add_row(label, f"{rows[name]:.1f}", f"{rows[name] / wall:.0%}")
+    if stale:
+        table.add_row("steps by staleness", "", ", ".join(f"{int(v)}: {n}" for v, n in stale))
+    return table
+
+
 def _evals(con, run_id: str) -> Table | None:
     rows = con.execute("SELECT step, name, value FROM metrics WHERE run_id = ? AND phase = 'eval' ORDER BY step",
                        [run_id]).fetchall()
@@ -132,8 +158,8 @@ def _judgements(con, run_id: str) -> Group | None:
 def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
     run_id, kind = meta["run_id"], meta.get("kind")
     if kind == "train":
-        parts = [_summary(meta), _grpo(con, run_id), _evals(con, run_id), _episodes(con, run_id),
-                 _judgements(con, run_id)]
+        parts = [_summary(meta), _grpo(con, run_id), _time(con, run_id), _evals(con, run_id),
+                 _episodes(con, run_id), _judgements(con, run_id)]
     elif kind == "sweep":
         parts = [_sweep(con, run_id)]
     else:

@@ -1,9 +1,12 @@
-"""The few statistics the workbench reports, in one place: bootstrap intervals and the exact sign test.
+"""The few statistics the workbench reports, in one place: bootstrap intervals, exact paired tests (the sign test,
+McNemar's) and Holm's correction for a table's family of tests.
 
 Measurements come in clusters (the calls of one episode share its context, the turns of one task its
 scenario), so intervals resample whole clusters: `cluster_bootstrap` draws clusters with replacement and
 takes the mean over every value of the drawn clusters, which is the plain bootstrap when each value is its
-own cluster. A paired comparison is the same bootstrap over the per-item differences.
+own cluster. A paired comparison is the same bootstrap over the per-item differences (`paired_bootstrap`).
+
+A report that prints several p-values prints them Holm-adjusted too (`holm`), over the family it names.
 """
 
 from __future__ import annotations
@@ -38,13 +41,59 @@ def cluster_bootstrap(values: Sequence[float], clusters: Sequence[object] | None
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], clusters: Sequence[object] | None = None,
+                     draws: int = DRAWS, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean paired difference a − b: `cluster_bootstrap` of d_i = a_i − b_i, resampling
+    `clusters` (one per pair; None: each pair alone).
+
+    A pair with NaN on either side is left out. `a`, `b` (and `clusters`) of different lengths are a ValueError.
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape or (clusters is not None and len(clusters) != len(x)):
+        raise ValueError(f"paired_bootstrap: {len(x)} and {len(y)} values"
+                         + ("" if clusters is None else f", {len(clusters)} clusters") + " do not pair up")
+    return cluster_bootstrap(x - y, clusters, draws=draws, seed=seed, level=level)
+
+
+def _binomial_half(k: int, n: int) -> float:
+    """Exact two-sided binomial test of k successes in n trials at p = ½: min(1, 2 · Σ_{i ≤ min(k, n−k)} C(n, i) / 2ⁿ)
+    (the null is symmetric, so doubling the smaller tail is the same as summing every outcome at most as likely as
+    the one seen); 1.0 when n = 0."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def sign_test(diffs: Sequence[float]) -> float:
-    """Exact two-sided sign test p-value over the non-zero differences (1.0 when none differ)."""
+    """Exact two-sided sign test p-value over the non-zero differences (1.0 when none differ): with u differences
+    above 0 and v below, the binomial test of u in u + v at p = ½ (ties and NaN left out)."""
     d = np.asarray(diffs, dtype=float)
     d = d[~np.isnan(d)]
     up, down = int((d > 0).sum()), int((d < 0).sum())
-    n = up + down
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    return _binomial_half(up, up + down)
+
+
+def mcnemar(b: int, c: int) -> float:
+    """Exact McNemar test of paired binary outcomes: b pairs went 0 → 1 and c went 1 → 0 (the concordant pairs carry
+    no information). Under H0 (the same success rate on both sides) a discordant pair is as likely either way, so
+    b ~ Binomial(b + c, ½) and p = min(1, 2 · Σ_{i ≤ min(b, c)} C(b + c, i) / 2^(b+c)); 1.0 when b + c = 0."""
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar: counts must be >= 0, got b={b}, c={c}")
+    return _binomial_half(int(b), int(b) + int(c))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the order given. With the m non-NaN p-values sorted,
+    p_(1) ≤ … ≤ p_(m), the adjusted p_(i) is min(1, max_{j ≤ i} (m − j + 1) · p_(j)): step-down, monotone in p, and
+    rejecting where it is ≤ α controls the family-wise error rate at α under any dependence. NaN (no test) stays NaN
+    and is not counted in m; tied p-values get the same adjusted value."""
+    p = np.asarray(pvalues, dtype=float).reshape(-1)
+    out = np.full(len(p), np.nan)
+    keep = np.flatnonzero(~np.isnan(p))
+    m = len(keep)
+    if m:
+        order = keep[np.argsort(p[keep], kind="stable")]
+        scaled = (m - np.arange(m)) * p[order]
+        out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return [float(v) for v in out]

@@ -12,8 +12,9 @@ caller does not depend on MODEL, so every model answers the same calls and two r
 
 `table`: per tool and overall, the share of valid results and each metric's mean with a 95% bootstrap
 interval that resamples tasks (the calls of one task share its context). `compare`: per metric, B − A over
-the same calls with a paired bootstrap interval over tasks and the exact sign test over the calls whose score
-differs.
+the same calls with a paired bootstrap interval over tasks, the exact sign test over the calls whose score
+differs, and that p-value Holm-adjusted over the table's family (the sign tests of its metrics that have calls);
+`compare_table` prints it, naming the family.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pandas as pd
 from envace.config import PrivateOptions, RolloutConfig
 from envace.errors import UsageError
 from envace.policy.specs import REFERENCE_MODEL
-from envace.stats import cluster_bootstrap, sign_test
+from envace.stats import cluster_bootstrap, holm, paired_bootstrap, sign_test
 from envace.types import Task
 
 KIND = "world-model"
@@ -104,13 +105,37 @@ def matched(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B"
 
 def compare(pairs_ab: pd.DataFrame) -> pd.DataFrame:
     """Per metric over matched calls (`matched`): A's and B's means, Δ = B − A with its paired 95% interval
-    (tasks resampled), the calls where B scores higher and lower, and the sign test over those."""
+    (tasks resampled), the calls where B scores higher and lower, the sign test over those (`sign_p`), and
+    `holm_p`: the sign test Holm-adjusted over the metrics that have calls (NaN, and outside the family, for a
+    metric no call has in both runs)."""
     rows = []
     for m in ("valid", *METRICS):
         both = pairs_ab[[f"{m}_a", f"{m}_b", "episode_id"]].dropna()
         diff = both[f"{m}_b"] - both[f"{m}_a"]
-        lo, hi = cluster_bootstrap(diff, both["episode_id"])
+        lo, hi = paired_bootstrap(both[f"{m}_b"], both[f"{m}_a"], both["episode_id"])
         rows.append({"metric": m, "calls": len(both), "a": both[f"{m}_a"].mean(), "b": both[f"{m}_b"].mean(),
                      "delta": diff.mean(), "lo": lo, "hi": hi, "up": int((diff > 0).sum()),
                      "down": int((diff < 0).sum()), "sign_p": sign_test(diff)})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    frame["holm_p"] = holm([p if n else float("nan") for p, n in zip(frame["sign_p"], frame["calls"], strict=True)])
+    return frame
+
+
+def holm_note(frame: pd.DataFrame) -> str:
+    """The caption that names `compare`'s Holm family."""
+    n = int(frame["holm_p"].notna().sum())
+    return (f"Holm p: the sign test p Holm-adjusted over the {n} sign test{'s' if n != 1 else ''} of this table "
+            "(one per metric with calls in both runs)")
+
+
+def compare_table(frame: pd.DataFrame, a: str, b: str):
+    """`compare`'s frame as the rich table `envace world-model-compare` prints, its Holm family in the caption."""
+    from rich.table import Table
+
+    table = Table("metric", "calls", "A", "B", "Δ = B − A", "95% interval", "B higher", "B lower", "sign test p",
+                  "Holm p", title=f"world model, paired by call: A = {a}, B = {b}", caption=holm_note(frame))
+    for r in frame.to_dict("records"):
+        table.add_row(LABELS[r["metric"]], str(r["calls"]), f"{r['a']:.3f}", f"{r['b']:.3f}", f"{r['delta']:+.3f}",
+                      f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", str(r["up"]), str(r["down"]), f"{r['sign_p']:.3g}",
+                      "–" if r["holm_p"] != r["holm_p"] else f"{r['holm_p']:.3g}")
+    return table

@@ -7,7 +7,12 @@
 Per arm: the GRPO steps (groups with signal per role, mean checklist, the fitted slope of the checklist over
 steps with its 95% interval); then every evaluation on the same test turns, each paired with SFT by task
 (mean difference with a paired-bootstrap 95% interval, and an exact two-sided sign test over the turns that
-differ).
+differ). Every table that prints p-values prints them Holm-adjusted too (`Holm …` columns), over the family its
+caption names: all the tests of that table.
+
+The Fisher tests compare samples that do not pair up: two screens of the pool draw their episodes independently,
+and GRPO steps (first against last, an arm against the control) are groups of independent samples, so no episode
+has a partner for McNemar's test; the evaluations, which do pair by turn, use the sign test.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from envace.stats import cluster_bootstrap as bootstrap
-from envace.stats import sign_test
+from envace.stats import holm, sign_test
 from workbench import Workbench
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 10: 2.228, 15: 2.131,
@@ -68,6 +73,28 @@ def md(frame: pd.DataFrame) -> str:
     cells = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
     return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+
+
+def holm_columns(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
+    """`frame` with a `Holm <column>` beside each p-value column of `columns`: every p-value of those columns
+    Holm-adjusted together (NaN: no test, outside the family); and the caption that names the family."""
+    frame = frame.copy()
+    ps = frame[columns].to_numpy(float)
+    adjusted = np.array(holm(ps.ravel()), dtype=float).reshape(ps.shape)
+    for k, column in enumerate(columns):
+        frame.insert(frame.columns.get_loc(column) + 1, f"Holm {column}", adjusted[:, k])
+    n = int((~np.isnan(ps)).sum())
+    return frame, f"Holm: Holm-adjusted over the {n} tests of this table ({'; '.join(columns)})."
+
+
+def print_with_holm(frame: pd.DataFrame, columns: list[str]) -> None:
+    """`md(frame)` with Holm-adjusted columns beside `columns` (those present) and the caption naming the family."""
+    columns = [c for c in columns if c in frame]
+    if not columns:
+        print(md(frame))
+        return
+    frame, note = holm_columns(frame, columns)
+    print(md(frame) + f"\n\n{note}")
 
 
 def training_table(wb: Workbench, run: str) -> pd.DataFrame:
@@ -185,7 +212,7 @@ def arm_report(wb: Workbench, arm: str, run: str, sft_screen: str, completed: se
     if {f"screen-{run}", sft_screen} <= completed:
         print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
         table = rescreen_table(wb, sft_screen, f"screen-{run}", units)
-        print(md(table))
+        print_with_holm(table, ["Fisher p (scored)", "permutation p (checklist)"])
         trained, other = table.drop(columns="turns").to_dict("records")
         rescreens.append({"arm": arm, **{f"trained: {k}": v for k, v in trained.items()},
                           **{f"other: {k}": v for k, v in other.items()
@@ -221,12 +248,16 @@ def main() -> None:
         control = frame[frame["arm"].str.startswith("control")]
         if len(control):  # the same draws without learning: what the last step scores by chance
             c, n = control.iloc[0]["last"]
-            frame["Fisher p vs control, last step"] = [fisher(a, m, c, n) for a, m in frame["last"]]
+            frame["Fisher p vs control, last step"] = [  # the control against itself is no test
+                float("nan") if arm == control.iloc[0]["arm"] else fisher(a, m, c, n)
+                for arm, (a, m) in zip(frame["arm"], frame["last"], strict=True)]
         print("\n### Training reward per step, all arms\n")
-        print(md(frame.drop(columns="last")))
+        print_with_holm(frame.drop(columns="last"),
+                        ["Fisher p, scored first vs last step", "Fisher p vs control, last step"])
     if rescreens:
         print("\n### The pool's screen before (SFT) and after training, all arms\n")
-        print(md(pd.DataFrame(rescreens)))
+        print_with_holm(pd.DataFrame(rescreens), [f"{part}: {test}" for part in ("trained", "other")
+                                                  for test in ("Fisher p (scored)", "permutation p (checklist)")])
     rows, sft = [], None
     for arm in ["base", "sft", *args.arms]:
         run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")
@@ -244,7 +275,7 @@ def main() -> None:
         rows.append({"arm": arm, "eval run": run, **row})
     if rows:
         print("\n### Evaluations on the same test turns\n")
-        print(md(pd.DataFrame(rows)))
+        print_with_holm(pd.DataFrame(rows), ["sign test p"])
 
 
 if __name__ == "__main__":

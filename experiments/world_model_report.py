@@ -10,6 +10,9 @@ tasks, the sign test over the calls whose score differs); then split by whether 
 arm's trained pool, and by tool. Private rehearsal: every cell of the two sweeps (`private-summary-TAG`,
 `private-transcript-TAG`): memories accepted, outcome against the same model without rehearsal (paired by
 turn), and the cost per committed turn. The training tables per arm are experiments/turns_report.py's.
+
+Every table that prints p-values prints them Holm-adjusted too, over the family its caption names: all the sign
+tests of that table.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from plotly.subplots import make_subplots
 from envace import world_model
 from envace.envs import registry
 from envace.errors import UsageError
-from envace.stats import cluster_bootstrap, sign_test
+from envace.stats import cluster_bootstrap, holm, sign_test
 from envace.units import whole_uid
 from workbench import Workbench
 
@@ -66,15 +69,28 @@ def delta(frame: pd.DataFrame, metric: str) -> tuple[float, float, float, float]
     return float(diff.mean()), lo, hi, sign_test(diff)
 
 
-def paired(frame: pd.DataFrame) -> tuple[dict[str, str], dict]:
-    """Δ (arm − SFT) of each metric over matched calls: the table's `Δ (low … high) p` cells, and the numbers
-    (`calls`, and `delta`'s tuple per metric) for the figure."""
-    numbers = {"calls": len(frame), **{m: delta(frame, m) for m in METRICS}}
-    cells = {"calls": str(len(frame))}
-    for m in METRICS:
-        d = numbers[m]
-        cells[f"Δ {m}"] = "–" if d is None else f"{d[0]:+.3f} ({d[1]:+.3f} … {d[2]:+.3f}) p={d[3]:.3g}"
-    return cells, numbers
+def paired(frame: pd.DataFrame) -> dict:
+    """Δ (arm − SFT) of each metric over matched calls: `calls`, and `delta`'s tuple per metric (for a Δ table's
+    cells, `delta_cells`, and the figure)."""
+    return {"calls": len(frame), **{m: delta(frame, m) for m in METRICS}}
+
+
+def delta_cells(rows: list[tuple[dict, dict]]) -> tuple[list[dict], str]:
+    """A Δ table: each row `(its leading columns, paired's numbers)` with `Δ (low … high) p=… Holm=…` cells, the
+    sign test p Holm-adjusted over every sign test of the table; and the caption that names that family."""
+    ps = [float("nan") if n[m] is None else n[m][3] for _, n in rows for m in METRICS]
+    adjusted = iter(holm(ps))
+    out = []
+    for lead, numbers in rows:
+        cells = {**lead, "calls": str(numbers["calls"])}
+        for m in METRICS:
+            d, h = numbers[m], next(adjusted)
+            cells[f"Δ {m}"] = "–" if d is None else f"{d[0]:+.3f} ({d[1]:+.3f} … {d[2]:+.3f}) p={d[3]:.3g} Holm={h:.3g}"
+        out.append(cells)
+    n, plural = sum(p == p for p in ps), "s" * (len(rows) != 1)
+    return out, (f"p: exact sign test over the calls whose score differs; Holm: that p Holm-adjusted over the {n} sign "
+                 f"tests of this table ({len(rows)} row{plural} × {len(METRICS)} metrics, those with calls in both "
+                 "runs).")
 
 
 def forest(parts: dict[str, dict], out: str) -> None:
@@ -120,13 +136,13 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
             if f"wm-{run}" not in present:
                 continue
             matched = world_model.matched(base, wb.world_model_calls(f"wm-{run}"), (sft, f"wm-{run}"))
-            cells, parts[f"{arm} s{seed}: all {len(matched)} calls"] = paired(matched)
-            overall.append({"arm": arm, "seed": seed, **cells})
+            parts[f"{arm} s{seed}: all {len(matched)} calls"] = numbers = paired(matched)
+            overall.append(({"arm": arm, "seed": seed}, numbers))
             in_pool = matched["tool"].isin(pool_tools(wb, run))
             for name, part in (("tool called in the trained pool", matched[in_pool]),
                                ("tool not called in the trained pool", matched[~in_pool])):
-                cells, parts[f"{arm} s{seed}: {len(part)} calls, {name.removeprefix('tool ')}"] = paired(part)
-                split.append({"arm": arm, "seed": seed, "calls of": name, **cells})
+                parts[f"{arm} s{seed}: {len(part)} calls, {name.removeprefix('tool ')}"] = numbers = paired(part)
+                split.append(({"arm": arm, "seed": seed, "calls of": name}, numbers))
             for tool, part in matched.groupby("tool"):
                 d = (part["exact_b"] - part["exact_a"]).to_numpy(float)
                 f = (part["structure_f1_b"] - part["structure_f1_a"]).to_numpy(float)
@@ -135,10 +151,13 @@ def world_model_tables(wb: Workbench, tag: str, seeds: list[int], arms: list[str
                               "Δ exact": d.mean(), "Δ struct F1": f.mean(), "calls up/down (struct F1)":
                               f"{(f > 0).sum()}/{(f < 0).sum()}"})
     if overall:
-        print("\n### Each arm against SFT on the same calls (Δ = arm − SFT, 95% interval over tasks, sign test p)\n")
-        print(md(pd.DataFrame(overall)))
+        print("\n### Each arm against SFT on the same calls (Δ = arm − SFT, 95% interval over tasks, sign test p, "
+              "Holm-adjusted p)\n")
+        cells, note = delta_cells(overall)
+        print(md(pd.DataFrame(cells)) + f"\n\n{note}")
         print("\n### Split by whether the tool was called in the arm's trained pool\n")
-        print(md(pd.DataFrame(split)))
+        cells, note = delta_cells(split)
+        print(md(pd.DataFrame(cells)) + f"\n\n{note}")
         print("\n### Per tool (exact and struct F1)\n")
         print(md(pd.DataFrame(tools)))
         if plot:
@@ -154,7 +173,11 @@ def private_tables(wb: Workbench, tag: str, sweeps: set[str]) -> None:
             rows += private_cells(wb, sweep, memory)
     if rows:
         print("\n### Private rehearsal on the 24 test turns, both memory kinds\n")
-        print(md(pd.DataFrame(rows)))
+        frame = pd.DataFrame(rows)
+        frame.insert(frame.columns.get_loc("sign p") + 1, "Holm p", holm(frame["sign p"]))
+        n = int(frame["sign p"].notna().sum())
+        print(md(frame) + f"\n\nsign p: exact sign test over the turns whose checklist differs from N = 0; Holm p: "
+              f"that p Holm-adjusted over the {n} sign tests of this table (every cell with N > 0, both memory kinds).")
 
 
 def private_cells(wb: Workbench, sweep: str, memory: str) -> list[dict]:

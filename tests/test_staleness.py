@@ -47,7 +47,7 @@ def _train(root, name: str, steps: int, *extra: str) -> int:
                  "--set", f"grpo_steps={steps}", *STALE, *extra])
 
 
-def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_older(tmp_path, half_gold):
+def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_older(tmp_path, half_gold, capsys):
     assert _train(tmp_path, "ahead", 3) == 0
     con = connect(tmp_path)
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
@@ -62,6 +62,10 @@ def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_old
     # the weights it updates (the gap is numerical noise); step 2 by version 1, one update behind version 2.
     assert metric[0, "logprob_gap"] < 1e-4
     assert metric[1, "updated"] == 1 and metric[2, "logprob_gap"] > 1e-3
+    capsys.readouterr()
+    assert main(["show", "ahead", "--root", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "where the GRPO time went" in shown and "learner waits for rollouts" in shown and "0: 1, 1: 2" in shown
 
 
 def test_a_resumed_run_ahead_of_its_update_replays_exactly(tmp_path, half_gold):

@@ -7,6 +7,7 @@ import json
 import re
 import textwrap
 
+import pandas as pd
 import pytest
 
 from envace import fidelity, world_model
@@ -87,6 +88,33 @@ def test_two_models_answer_the_same_calls_and_compare_paired(tmp_path, tiny, cap
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.strip("│ ").startswith("exact"))
     assert f"{len(a)} " in row and "-1.000" in row and "0 " in row  # every call worse in B, by the whole score
+
+
+def test_compare_adjusts_its_sign_tests_by_holm_over_the_metrics_with_calls():
+    import numpy as np
+    from rich.console import Console
+
+    from envace.stats import holm, sign_test
+
+    rng = np.random.default_rng(0)
+    n = 40
+    frame = {"episode_id": np.repeat([f"t{k}" for k in range(8)], 5)}
+    for m in ("valid", *world_model.METRICS):
+        a = rng.random(n)
+        frame[f"{m}_a"], frame[f"{m}_b"] = a, np.clip(a + rng.normal(0.05, 0.2, n), 0, 1)
+    frame["embed_cos_a"] = frame["embed_cos_b"] = np.full(n, np.nan)  # a metric neither run has: not a test
+    out = world_model.compare(pd.DataFrame(frame))
+    tested = out["calls"] > 0
+    assert list(out.loc[tested, "holm_p"]) == pytest.approx(holm(out.loc[tested, "sign_p"]))
+    assert out.loc[~tested, "holm_p"].isna().all() and (out["holm_p"].fillna(1) >= out["sign_p"]).all()
+    diff = pd.DataFrame(frame)["exact_b"] - pd.DataFrame(frame)["exact_a"]
+    assert out.set_index("metric").loc["exact", "sign_p"] == sign_test(diff)
+    console = Console(record=True, width=220)
+    console.print(world_model.compare_table(out, "a", "b"))
+    text = console.export_text()
+    assert "Holm p" in text and "Holm-adjusted over the 5 sign tests of this table" in text
+    row = next(line for line in text.splitlines() if line.strip("│ ").startswith("embed cos"))
+    assert row.rstrip(" │").endswith("–")
 
 
 def test_turns_narrow_the_calls_rehearsed(tmp_path, tiny):

@@ -265,17 +265,21 @@ def _warm_up(s: Session, train_tasks, tok) -> dict[str, float]:
     return _sft(cfg, s.model, rows, tok.pad_token_id, s.run, s.procs, s.tracker, s.say)
 
 
-def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, float] | None = None
-           ) -> dict[str, dict[str, float]] | None:
+def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, float] | None = None,
+           since: float | None = None) -> dict[str, dict[str, float]] | None:
     """One role-wise GRPO update on a played step: centre the rewards per (task, role), update, record.
 
     `push`: the servers generate the next step with the weights just updated (the synchronous loop; with
-    `max_staleness` the actor takes published versions itself). A step sampled more than `max_staleness`
-    versions ago is dropped and counted, never trained on (None)."""
+    `max_staleness` the actor takes published versions itself, and a step's wall time runs from `since`, the
+    end of the previous update). A step sampled more than `max_staleness` versions ago is dropped and
+    counted, never trained on (None)."""
     cfg, step, started = s.cfg, played.step, time.perf_counter()
     staleness = step - played.version
-    if staleness > cfg.max_staleness:
+    if staleness > cfg.max_staleness:  # counted in the store, never trained on
         s.say(f"GRPO step {step + 1}: sampled by policy version {played.version}, {staleness} behind: dropped")
+        if s.procs.main:
+            _write_metrics(s.run, s.tracker, step, "grpo", {"all": {"dropped_stale_steps": 1.0}},
+                           f"step-{step:05d}")
         return None
     budget = row_budget(cfg)
     generations, rows = training_rows(played.episodes, cfg.trained_roles)
@@ -296,7 +300,8 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
             stats["sync_s"] = _sync(s, s.served)
     stats.update(rollout_s=played.seconds, update_s=update_s, policy_version=played.version, staleness=staleness,
                  **(timings or {}))
-    stats["step_s"] = stats.get("step_s", played.seconds + time.perf_counter() - started)
+    stats["step_s"] = time.perf_counter() - since if since is not None else \
+        played.seconds + time.perf_counter() - started
     packed = set(packed)
     for i, (g, a) in enumerate(zip(generations, advantages, strict=True)):  # stored exactly as the update used them
         # a row with advantage 0 is not back-propagated, nor is one over the budget
@@ -358,8 +363,7 @@ def _ahead(s: Session, tok, start: int, tasks_of: Callable[[int], list], version
         for step in range(start, cfg.grpo_steps):
             pipe.fill(step)  # the learner holds version `step`
             played, wait_s, load_s = pipe.take(step)
-            _learn(s, played, push=False, timings={"wait_s": wait_s, "load_s": load_s,
-                                                   "step_s": time.perf_counter() - started})
+            _learn(s, played, push=False, timings={"wait_s": wait_s, "load_s": load_s}, since=started)
             started = time.perf_counter()
             weights = trainable(s.model)
             pipe.publish(step + 1, weights)

@@ -1,0 +1,127 @@
+"""envace.stats against scipy and statsmodels on seeded synthetic data: Holm's correction, the exact McNemar and
+sign tests, and the coverage and clustering of the bootstrap intervals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
+from statsmodels.stats.multitest import multipletests
+
+from envace.stats import cluster_bootstrap, holm, mcnemar, paired_bootstrap, sign_test
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_holm_equals_statsmodels_on_random_families(seed):
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 40))
+    p = rng.uniform(0, 1, m) ** rng.uniform(0.5, 4)  # some families crowded near 0
+    if seed % 3 == 0:  # ties: a few values drawn from a small set
+        p = rng.choice([0.001, 0.01, 0.04, 0.2, 1.0], m)
+    if seed % 5 == 0:
+        p[rng.integers(0, m)] = 0.0
+    want = multipletests(p, method="holm")[1]
+    assert holm(p) == pytest.approx(want.tolist(), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_holm_passes_nan_through_and_leaves_it_out_of_the_family(seed):
+    rng = np.random.default_rng(1000 + seed)
+    p = rng.uniform(0, 0.2, 12)
+    gaps = rng.choice(12, int(rng.integers(1, 6)), replace=False)
+    p[gaps] = np.nan
+    got = np.array(holm(p))
+    assert np.isnan(got[gaps]).all()
+    rest = ~np.isnan(p)
+    assert got[rest] == pytest.approx(multipletests(p[rest], method="holm")[1], rel=1e-12)
+
+
+def test_holm_basic_properties():
+    assert holm([]) == []
+    assert holm([float("nan")]) == [pytest.approx(float("nan"), nan_ok=True)]
+    assert holm([0.04]) == [0.04]  # a family of one is its own p-value
+    assert holm([0.01, 0.02, 0.03]) == pytest.approx([0.03, 0.04, 0.04])  # monotone: 0.03 lifted to 0.04
+    assert holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+    rng = np.random.default_rng(7)
+    p = rng.uniform(0, 1, 30)
+    adjusted = np.array(holm(p))
+    order = np.argsort(p)
+    assert (np.diff(adjusted[order]) >= 0).all() and (adjusted >= p).all() and (adjusted <= 1).all()
+
+
+def test_mcnemar_equals_statsmodels_and_scipy():
+    rng = np.random.default_rng(0)
+    cases = [(0, 0), (0, 1), (1, 0), (5, 5), (0, 12), (3, 40), (60, 45), (200, 170)]
+    cases += [tuple(int(v) for v in rng.integers(0, 60, 2)) for _ in range(100)]
+    for b, c in cases:
+        a, d = (int(v) for v in rng.integers(0, 50, 2))  # concordant pairs change nothing
+        got = mcnemar(b, c)
+        assert got == pytest.approx(sm_mcnemar([[a, b], [c, d]], exact=True).pvalue, rel=1e-10), (b, c)
+        if b + c:
+            assert got == pytest.approx(binomtest(b, b + c, 0.5).pvalue, rel=1e-10), (b, c)
+        else:
+            assert got == 1.0
+    with pytest.raises(ValueError):
+        mcnemar(-1, 3)
+
+
+def test_mcnemar_of_paired_binary_outcomes():
+    rng = np.random.default_rng(3)
+    before = rng.random(300) < 0.4
+    after = np.where(rng.random(300) < 0.2, ~before, before)
+    b, c = int((~before & after).sum()), int((before & ~after).sum())
+    assert mcnemar(b, c) == pytest.approx(binomtest(b, b + c, 0.5).pvalue, rel=1e-10)
+    assert mcnemar(b, c) == sign_test(after.astype(float) - before.astype(float))  # the same test, two spellings
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_sign_test_equals_scipy_binomtest_on_the_signs(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 80))
+    diffs = rng.choice([-1.0, 0.0, 0.5, 2.0, np.nan], n, p=[0.3, 0.3, 0.2, 0.15, 0.05])
+    up, down = int((diffs > 0).sum()), int((diffs < 0).sum())
+    want = binomtest(up, up + down, 0.5).pvalue if up + down else 1.0
+    assert sign_test(diffs) == pytest.approx(want, rel=1e-10)
+
+
+def test_cluster_bootstrap_of_singletons_covers_the_mean_at_about_the_nominal_rate():
+    hits = 0
+    for seed in range(200):
+        x = np.random.default_rng(seed).normal(1.5, 2.0, 60)
+        lo, hi = cluster_bootstrap(x, draws=2000, seed=seed)
+        hits += lo <= 1.5 <= hi
+    assert 0.90 <= hits / 200 <= 0.99, hits
+
+
+def test_clustered_data_give_a_wider_interval_than_the_unclustered_bootstrap():
+    rng = np.random.default_rng(11)
+    clusters = np.repeat(np.arange(20), 15)  # 20 tasks of 15 calls sharing a strong task effect
+    x = rng.normal(0, 3, 20)[clusters] + rng.normal(0, 0.3, len(clusters))
+    lo, hi = cluster_bootstrap(x, clusters)
+    plain_lo, plain_hi = cluster_bootstrap(x)
+    assert hi - lo > 2 * (plain_hi - plain_lo)
+    hits = 0  # and it is the clustered one that covers the true mean 0
+    for seed in range(100):
+        r = np.random.default_rng(500 + seed)
+        y = r.normal(0, 3, 20)[clusters] + r.normal(0, 0.3, len(clusters))
+        lo, hi = cluster_bootstrap(y, clusters, draws=2000, seed=seed)
+        hits += lo <= 0 <= hi
+    assert 0.85 <= hits / 100 <= 1.0, hits
+
+
+def test_paired_bootstrap_is_the_cluster_bootstrap_of_the_differences():
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(0.6, 0.2, 90), rng.normal(0.5, 0.2, 90)
+    clusters = np.repeat(np.arange(30), 3)
+    assert paired_bootstrap(a, b, clusters) == cluster_bootstrap(a - b, clusters)
+    assert paired_bootstrap(a, b) == cluster_bootstrap(a - b)
+    a[3] = np.nan  # a pair with a gap is left out
+    assert paired_bootstrap(a, b) == cluster_bootstrap(np.delete(a - b, 3))
+    lo, hi = paired_bootstrap(a, b)
+    assert lo < 0.1 < hi
+    with pytest.raises(ValueError):
+        paired_bootstrap(a, b[:-1])
+    assert all(math.isnan(v) for v in paired_bootstrap([], []))
