@@ -503,6 +503,11 @@ class TrainConfig(Config):
         if self.rollout.rehearser_model:
             raise UsageError("rollout.rehearser_model: training rehearses with the policy itself (an external "
                              "rehearser is for rollout, eval and world-model)")
+        if self.rollout.user_model:  # accepted and ignored before: refused, as every field training does not honour
+            raise UsageError("rollout.user_model: training's simulated users are played by the policy itself (an "
+                             "external user model is for rollout, eval and the suite)")
+        if self.rollout.report_to != "none":
+            raise UsageError("rollout.report_to: a training run mirrors its metrics with report_to under [train]")
         if self.fsdp and self.shard_optimizer:
             raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
         check_model_spec(self.model)

@@ -52,6 +52,14 @@ def test_bad_train_configs(tmp_path):
     assert not list(tmp_path.glob("train-*"))  # rejected before any run folder or model
 
 
+@pytest.mark.parametrize("setting, field", [("rollout.user_model=tiny", "rollout.user_model"),
+                                            ("rollout.report_to=tensorboard", "rollout.report_to")])
+def test_rollout_fields_training_does_not_honour_are_refused(tmp_path, capsys, setting, field):
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", setting]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
 def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     from envace.config import TrainConfig
     from envace.store import Run
