@@ -4,7 +4,7 @@
     SFT: the scripted reference policy's rows (`rows.reference_rows`), NLL, whole packs per step
     for each GRPO step k:
         tasks = sample(train tasks, seed, k)                          # nothing random carries over steps
-        episodes = G rollouts per task in the rehearsed world         # `TrainConfig.rollout_at(k)`
+        episodes = G rollouts per task in the rehearsed world         # `actor.RolloutActor.play`
         reward = checklist of each episode, shared by both roles      # `record.score`, `rewards.share`
         A = reward − mean over the same (task, role)                  # `grpo.role_advantages`
         one update on every generation of the trained roles           # `grpo.grpo_step`
@@ -12,6 +12,11 @@
         push the weights to vLLM servers, when they generate          # `served.ServedPolicy.sync`
         evaluate every `eval_every` updates on test tasks             # `evaluate`
     save the final weights (LoRA merged) to <run>/checkpoint
+
+The actor plays, the learner (`_learn`) updates and records. With `max_staleness = 0` (default) step k is
+played by the weights after k updates; with `max_staleness = s ≥ 1` the actor runs on a thread with its own
+copy of the weights and plays step k with the weights after max(0, k − s) updates while the learner updates
+(`staleness.py`).
 
 Optional on top: a Dyna-style share of calls answered by the real environment (`rollout.real_fraction`),
 a shadow share of episodes paired with the real environment (`rollout.shadow_fraction`), and data
