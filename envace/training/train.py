@@ -437,6 +437,27 @@ def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
     return [t for t in pool if t.uid in wanted]
 
 
+def _grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: ExampleBank, model, tok,
+               say: Callable[[str], None]) -> tuple[TrainConfig, list]:
+    """The units GRPO samples from (`grpo_tasks`, `grpo_units`, those whose first row fits the packing budget),
+    and the config with its rollout's `auto` budgets resolved on the gold data."""
+    rollout, pool = units.select(cfg.rollout, benchmark, tok)  # turn units, and an `auto` budget resolved
+    if cfg.grpo_tasks is not None:
+        first = {t.uid for t in train_tasks[: cfg.grpo_tasks]}
+        pool = [t for t in pool if units.source_uid(t) in first]
+    if cfg.grpo_units is not None:
+        pool = _fixed_pool(pool, cfg.grpo_units, rollout.unit)
+    cfg = replace(cfg, rollout=rollout)
+    if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
+        probe = build_engine(HFBackend(model, tok), benchmark, cfg.rollout_at(0), bank)
+        pool = fitting_pool(probe, pool, row_budget(cfg), say)
+    if len(pool) < cfg.tasks_per_step:
+        raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
+                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls, max_pack_tokens)")
+    say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
+    return cfg, pool
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     launcher = launcher_fsdp(cfg.shard_optimizer)
     procs = _processes(cfg, launcher, say)
@@ -455,21 +476,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     if cfg.lora:
         model = add_lora(model, cfg.lora_rank)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
-    rollout, pool = units.select(cfg.rollout, benchmark, tok)  # turn units, and an `auto` budget resolved
-    if cfg.grpo_tasks is not None:
-        first = {t.uid for t in train_tasks[: cfg.grpo_tasks]}
-        pool = [t for t in pool if units.source_uid(t) in first]
-    if cfg.grpo_units is not None:
-        pool = _fixed_pool(pool, cfg.grpo_units, rollout.unit)
-    cfg = replace(cfg, rollout=rollout)
     bank = ExampleBank(train_tasks)
-    if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
-        probe = build_engine(HFBackend(model, tok), benchmark, cfg.rollout_at(0), bank)
-        pool = fitting_pool(probe, pool, row_budget(cfg), say)
-    if len(pool) < cfg.tasks_per_step:
-        raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
-                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls, max_pack_tokens)")
-    say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
+    cfg, pool = _grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, say)
     s = Session(cfg, run, procs, say, benchmark, bank, model, procs.prepare(model))
     if procs.main:  # process 0 speaks for all, to the tracker too
         s.tracker = open_tracker(cfg.report_to, run, asdict(cfg))
