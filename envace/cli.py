@@ -370,7 +370,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     raw = load_toml(args.config)
     if not isinstance(raw.get("train"), dict):
         raise UsageError(f"{args.config} has no [train] table")
-    cfg = TrainConfig.from_dict(_overridden(raw["train"], args.set), where=f"{args.config} [train]")
+    table = _overridden(raw["train"], args.set)
+    if args.ray is not None:
+        table["ray"] = {**(table["ray"] if isinstance(table.get("ray"), dict) else {}), "address": args.ray}
+    cfg = TrainConfig.from_dict(table, where=f"{args.config} [train]")
     console = _console()
     run, summary = train_job(cfg, runs_root(args.root), args.run_name, args.resume, _LiveReporter(console))
     if int(os.environ.get("RANK", "0")) == 0:
@@ -907,6 +910,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [train] field, e.g. --set variant=caller_only "
                         "--set rollout.rehearser.max_new_tokens=64")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="place rollout actors and learner ranks with Ray (`[train.ray]` sizes them): alone, on a Ray "
+                        "started on this machine; with ADDRESS (auto, HOST:PORT), on that running cluster")
     p.set_defaults(func=cmd_train)
 
     _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)

@@ -349,6 +349,34 @@ def _training_rollout() -> RolloutConfig:
 
 
 # `[train.rollout]` fields the trainer decides itself: naming one there is a mistake worth a clear message.
+@dataclass
+class RayConfig(Config):
+    """`[train.ray]`: rollout actors and learner ranks placed by Ray, on this machine or a cluster of them."""
+
+    address: str = doc("empty: no Ray (one process, or `accelerate launch`) | local (start Ray on this machine) | "
+                       "auto or HOST:PORT (join a running cluster: `ray start --head` there)", "")
+    actors: int = doc("rollout actors: each owns an engine, its worlds and a generation backend (a vLLM server of "
+                      "its own with rollout.backend = vllm) and plays its share of a step's tasks", 1)
+    actor_cpus: float = doc("CPUs per actor (its torch threads, and its environments' work)", 1.0)
+    actor_gpus: float = doc("GPUs per actor (its generation, or its vLLM server)", 0.0)
+    learners: int = doc("learner ranks: one torch.distributed group (gloo on CPUs, NCCL on GPUs), data parallel "
+                        "with shard_optimizer or fsdp as under accelerate", 1)
+    learner_cpus: float = doc("CPUs per learner rank", 1.0)
+    learner_gpus: float = doc("GPUs per learner rank", 0.0)
+    actor_placement: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = doc(
+        "how the actors' placement group spreads them over nodes: PACK (as few nodes as fit) | SPREAD (best effort "
+        "one per node) | STRICT_SPREAD (one per node, or the run is refused)", "PACK")
+    max_restarts: int = doc("times an actor that dies is restarted; its unfinished share of a step is played again",
+                            3)
+    placement_timeout_s: float = doc("how long to wait for the cluster to grant the placement", 60.0)
+
+    def validate(self) -> None:
+        at_least(self, 1, "actors", "learners")
+        at_least(self, 0, "actor_cpus", "actor_gpus", "learner_cpus", "learner_gpus", "max_restarts")
+        if self.placement_timeout_s <= 0:
+            raise UsageError(f"placement_timeout_s: must be > 0, got {self.placement_timeout_s!r}")
+
+
 TRAINER_OWNED = ("model", "split", "limit", "offset", "mode", "batch_size", "seed", "frozen_rehearser", "private")
 
 
@@ -421,7 +449,7 @@ class TrainConfig(Config):
         "how many policy versions the rollouts may run ahead of the update: 0 (synchronous: play with the weights "
         "after k updates, update, play again) | k ≥ 1 (an actor plays step b with the weights after b − k updates "
         "while the learner updates, correcting with truncated importance sampling: needs vllm_importance_cap; "
-        "one process)", 0)
+        "one process, or Ray's actors and learner ranks under [train.ray])", 0)
     vllm_importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
                                             "(vLLM's differ slightly from the trainer's): each token's weight is "
                                             "min(pi/pi_sampler, cap); unset = off", None)
@@ -447,6 +475,8 @@ class TrainConfig(Config):
         "real_env (environment answers; only the caller is trained)", "envace")
     rollout: RolloutConfig = doc("the GRPO rollouts (`[train.rollout]`, `[train.rollout.rehearser]`)",
                                  factory=_training_rollout)
+    ray: RayConfig = doc("actors and learner ranks placed by Ray (`[train.ray]`; `envace train --ray`)",
+                         factory=RayConfig)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "", base: Any = None):
@@ -472,7 +502,13 @@ class TrainConfig(Config):
             raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
                              "vllm_importance_cap (truncated importance sampling against the sampler's log-probs, "
                              "e.g. 2.0)")
-        if self.max_staleness and (self.fsdp or self.shard_optimizer):
+        if self.ray.address and self.ray.learners > self.tasks_per_step:
+            raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need tasks_per_step >= "
+                             f"{self.ray.learners} (each updates on whole groups)")
+        if self.ray.address and self.servers:
+            raise UsageError("servers: under Ray each actor starts the vLLM server it generates with "
+                             "(rollout.backend = vllm); drop servers")
+        if self.max_staleness and not self.ray.address and (self.fsdp or self.shard_optimizer):
             raise UsageError("max_staleness: rollouts ahead of the update run in one process for now (no fsdp, "
                              "no shard_optimizer)")
         if not 0 < self.vllm_gpu_memory < 1:

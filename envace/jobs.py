@@ -290,10 +290,21 @@ def suite_job(name: str, model: str, base: RolloutConfig, limit: int | None = No
     return table_run, rows
 
 
+def _resumable(config: dict[str, Any]) -> dict[str, Any]:
+    """A train config as `--resume` compares it: grpo_steps may grow, and a Ray run may join another cluster (the
+    address, not whether there is one, may change)."""
+    out = {k: v for k, v in config.items() if k != "grpo_steps"}
+    if isinstance(out.get("ray"), dict):
+        out["ray"] = {**out["ray"], "address": bool(out["ray"].get("address"))}
+    return out
+
+
 def _resume_run(root: Path, name: str, cfg: TrainConfig) -> Run:
     meta = get_run(root, name)
-    stored = {k: v for k, v in meta.get("config", {}).items() if k != "grpo_steps"}
-    if meta.get("kind") != "train" or stored != {k: v for k, v in asdict(cfg).items() if k != "grpo_steps"}:
+    stored, asked = _resumable(meta.get("config", {})), _resumable(asdict(cfg))
+    if "ray" not in stored:  # saved before [train.ray] existed
+        asked.pop("ray")
+    if meta.get("kind") != "train" or stored != asked:
         raise UsageError(f"run '{name}' was not trained with this config (only grpo_steps may grow)")
     run = Run(root, name)
     run.update(status="running", pid=os.getpid(), config=asdict(cfg))
@@ -317,6 +328,17 @@ def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = No
     rank, world = launch_position()
     if world > 1 and not (name or resume):
         raise UsageError("training with several processes needs --run-name (every process writes to that run)")
+    if cfg.ray.address:  # actors and learner ranks placed by Ray; this process drives them and writes the run
+        from envace.training.cluster.driver import train_on_ray
+        from envace.training.cluster.placement import joined
+
+        with joined(cfg.ray.address, reporter.say):  # before a run exists: a cluster that does not answer leaves none
+            run = _resume_run(root, resume, cfg) if resume else Run.create(root, "train", asdict(cfg), cfg.model, name)
+            reporter.say(f"train → {run.path}")
+            with run.running():
+                summary = train_on_ray(cfg, run, reporter.say, resume=bool(resume))
+        run.update(status="completed", summary=summary)
+        return run, summary
     if rank > 0:
         wait_for(root / (resume or name) / "run.json")
         run = Run(root, resume or name)

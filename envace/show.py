@@ -84,17 +84,22 @@ def _time(con, run_id: str) -> Table | None:
     (`step_s`), and how stale what the learner trained on was. Synchronous steps add up to 100%; with
     `max_staleness` the actor's rollouts overlap the update, so their shares add up to more."""
     rows = dict(con.execute("SELECT name, sum(value) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
-                            "AND name IN ('step_s', " + ", ".join(f"'{n}'" for n, _ in _PARTS) + ") GROUP BY name",
+                            "AND (name IN ('step_s', 'actor_restarts', " + ", ".join(f"'{n}'" for n, _ in _PARTS) +
+                            ") OR regexp_matches(name, '^actor[0-9]+_rollout_s$')) GROUP BY name",
                             [run_id]).fetchall())
+    actors = sorted((n for n in rows if n.endswith("_rollout_s") and n != "rollout_s"),
+                    key=lambda n: int(n[5:-10]))  # Ray: each actor's own share of the rollouts
     wall = rows.get("step_s")
     if not wall:
         return None
     stale = con.execute("SELECT value, count(*) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
                         "AND name = 'staleness' GROUP BY value ORDER BY value", [run_id]).fetchall()
     table = Table("part", "seconds", "share of wall", title=f"where the GRPO time went ({wall:.1f} s of steps)")
-    for name, label in _PARTS:
+    for name, label in _PARTS + tuple((n, f"  actor {n[5:-10]} playing its share") for n in actors):
         if name in rows:
             table.add_row(label, f"{rows[name]:.1f}", f"{rows[name] / wall:.0%}")
+    if rows.get("actor_restarts"):
+        table.add_row("actors restarted (shares replayed)", str(int(rows["actor_restarts"])), "")
     if stale:
         table.add_row("steps by staleness", "", ", ".join(f"{int(v)}: {n}" for v, n in stale))
     return table

@@ -526,3 +526,22 @@ def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tm
     stale = Stale(backend, [server], True, tmp_path / "stale", owned=False)
     ok, text = smoke.sync_check(stale, model, 512, tolerance=0.02)
     assert not ok and text.startswith("FAILED"), text
+
+
+def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path):
+    """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this
+    machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
+    published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates."""
+    done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
+                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=2", "--set", "tasks_per_step=1",
+                 "--set", "rollout.group_size=2", "--set", "eval_every=0", "--set", "sft_tasks=1",
+                 "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "max_staleness=1",
+                 "--set", "vllm_importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
+                 "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1"])
+    assert done == 0
+    con = connect(tmp_path)
+    versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
+                           "GROUP BY step ORDER BY step").fetchall()
+    assert versions == [(0, 0, 0), (1, 0, 0)]
+    assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
+    assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"

@@ -335,6 +335,7 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     each generation row holds the very advantage `grpo_step` was given for it, and whether it was trained."""
     import random
 
+    import envace.training.learner as learner
     import envace.training.train as trainer
     from apps.render import episode_html
     from envace.envs import registry
@@ -371,7 +372,7 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
         return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
-    monkeypatch.setattr(trainer, "grpo_step", recording_step)
+    monkeypatch.setattr(learner, "grpo_step", recording_step)
     root = tmp_path / "runs"
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft_tasks=0",
                  "--set", "rollout.shadow_fraction=1.0", "--set", "rollout.max_steps_per_turn=3",

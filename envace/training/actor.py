@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,8 @@ class Played:
     scored: list[dict[str, Any]]
     real_fraction: float
     seconds: float  # the actor's wall time on this step (loading its weights included)
+    restarts: int = 0  # Ray actors that died during this step and replayed their share
+    actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's own wall time on its share
 
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:

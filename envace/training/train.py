@@ -55,11 +55,12 @@ from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
 from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
-from envace.training.actor import Played, RolloutActor, trainable
+from envace.training.actor import Played, RolloutActor
 from envace.training.budget import fitting, fitting_pool, row_budget
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
-from envace.training.grpo import Row, backward, grpo_step, role_advantages, signal_groups
+from envace.training.grpo import Row, backward, role_advantages, signal_groups
+from envace.training.learner import Learner
 from envace.training.packing.chain import chains
 from envace.training.packing.tree import check_budget
 from envace.training.rows import reference_rows, training_rows
@@ -78,9 +79,9 @@ class Session:
     say: Callable[[str], None]
     benchmark: Benchmark
     bank: ExampleBank
-    model: Any  # the trained module (FSDP-sharded when asked)
+    model: Any  # the trained module (FSDP-sharded when asked); None on a Ray driver (its learner ranks hold it)
     generator: Any  # the module rollouts generate with: `model` itself unless FSDP shards it
-    optimizer: Any = None
+    learner: Any = None  # `learner.Learner` (this process's), or the Ray learner ranks (`cluster.driver`)
     backend: Any = None  # HFBackend on `generator`, or the vLLM servers' RemoteBackend
     served: ServedPolicy | None = None
     tracker: Tracker = field(default_factory=Tracker)
@@ -94,12 +95,11 @@ def _write_metrics(run: Run, tracker: Tracker, step: int, phase: str, values: di
     tracker.log(keyed(phase, values), step)
 
 
-def _save_state(run: Run, model, optimizer, next_step: int, procs: Processes,
-                versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
+def save_state(s: Session, next_step: int, versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
     """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`, with the
     earlier policy versions the next steps are sampled with (`max_staleness`)."""
-    state = procs.state(model, optimizer)
-    if not procs.main:
+    state, run = s.learner.state(), s.run
+    if not s.procs.main:
         return
     tmp = run.path / f".state.{os.getpid()}.partial"
     torch.save({"next_step": next_step, **state, "versions": versions or {}}, tmp)
@@ -127,25 +127,38 @@ def evaluate(s: Session, updates: int) -> dict[str, float]:
     Every process plays its share of the tasks and stores its own shard; the counts are summed across
     processes, and the fidelity is read back from every process's stored pairs, so the numbers are those
     of one process playing them all. Every process must call; the result is process 0's to write."""
-    rollout, tasks = units.select(s.cfg.evaluation(), s.benchmark, s.backend.tokenizer)
-    tasks = s.procs.share(tasks)
-    engine = build_engine(s.backend, s.benchmark, rollout, s.bank, id_prefix=f"eval{updates}:")
+    episodes, rows = play_evaluation(s.cfg, s.benchmark, s.bank, s.backend, updates, s.procs.share)
+    return evaluation_scores(s.run, s.procs, updates, episodes, rows)
+
+
+def play_evaluation(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, backend, updates: int,
+                    share: Callable[[list], list]) -> tuple[list[Episode], list[dict[str, Any]]]:
+    """`share` of the evaluation's test tasks played greedily, scored, rewards shared (see `evaluate`)."""
+    rollout, tasks = units.select(cfg.evaluation(), benchmark, backend.tokenizer)
+    tasks = share(tasks)
+    engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"eval{updates}:")
     episodes = engine.run_batch([(t, 0) for t in tasks]) if tasks else []
     rows = [record.score(ep, rollout.mode, "eval") for ep in episodes]
     for ep, row in zip(episodes, rows, strict=True):
         rewards.share(ep.generations, row["checklist"])
+    return episodes, rows
+
+
+def evaluation_scores(run: Run, procs: Processes, updates: int, episodes: list[Episode],
+                      rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Store this process's evaluation episodes and return the scores of every process's (see `evaluate`)."""
     shard = f"eval-{updates:05d}"
     if episodes:
-        record.write_step(s.run, updates, episodes, rows, shard + (f"-p{s.procs.rank}" if s.procs.world > 1 else ""))
+        record.write_step(run, updates, episodes, rows, shard + (f"-p{procs.rank}" if procs.world > 1 else ""))
     counts = record.summarise(episodes, rows)
     for name in ("episodes", "successes", "checklist", "caller_messages", "parse_errors", "well_formed"):
-        setattr(counts, name, s.procs.total(getattr(counts, name)))
+        setattr(counts, name, procs.total(getattr(counts, name)))
     summary = counts.as_dict()
     out = {k: summary[k] for k in ("success_rate", "checklist", "well_formed_rate", "parse_error_rate")}
-    s.procs.wait()  # every process's pairs are stored
-    pairs = sorted((s.run.path / "pairs").glob(f"{shard}*.parquet"))
+    procs.wait()  # every process's pairs are stored
+    pairs = sorted((run.path / "pairs").glob(f"{shard}*.parquet"))
     source = "read_parquet([" + ", ".join(f"'{p}'" for p in pairs) + "], union_by_name = true)"
-    overall = ledger.means(ledger.tool_sums(duckdb.connect(), source, s.run.run_id)) if pairs else None
+    overall = ledger.means(ledger.tool_sums(duckdb.connect(), source, run.run_id)) if pairs else None
     overall = overall[overall["tool"] == "all"] if overall is not None else []
     out["pairs"] = int(overall["pairs"].iloc[0]) if len(overall) else 0
     out["rehearsal_error_rate"] = float(overall["malformed"].iloc[0]) if len(overall) else 0.0
@@ -156,7 +169,10 @@ def evaluate(s: Session, updates: int) -> dict[str, float]:
 def _evaluate_at(s: Session, updates: int) -> None:
     s.generator.eval()
     s.backend.clear_caches()
-    scores = evaluate(s, updates)  # every process plays its share of the test tasks
+    report_evaluation(s, updates, evaluate(s, updates))  # every process plays its share of the test tasks
+
+
+def report_evaluation(s: Session, updates: int, scores: dict[str, float]) -> None:
     if s.procs.main:
         _write_metrics(s.run, s.tracker, updates, "eval", {"all": scores}, f"eval-{updates:05d}")
     s.procs.wait()
@@ -175,7 +191,7 @@ def sft_chunks(packs: list[list[int]], rows_per_step: int) -> list[list[list[int
     return [c for c in chunks if c]
 
 
-def _heartbeat(say: Callable[[str], None], what: str, every_s: float = 30.0) -> Callable[[int, int], None]:
+def heartbeat(say: Callable[[str], None], what: str, every_s: float = 30.0) -> Callable[[int, int], None]:
     """An engine `on_step` that reports progress at most every `every_s` seconds."""
     last = [time.perf_counter()]
 
@@ -216,9 +232,10 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
     return per_role
 
 
-def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Processes, tracker: Tracker,
-         say: Callable[[str], None]) -> dict[str, float]:
-    """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL."""
+def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
+         log: Callable[[int, dict[str, float]], None], say: Callable[[str], None]) -> dict[str, float]:
+    """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL; `log(step,
+    values)` records each step's (process 0 calls it)."""
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
     packs, step, started, nll = chains(rows), 0, time.perf_counter(), {}  # an episode's caller rows stay together
     epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
@@ -239,8 +256,7 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, run: Run, procs: Pr
                 optimizer.step()
             losses.append(procs.total(stats["loss"] * len(batch)) / sum(len(pk) for pk in chunk))
             if procs.main:
-                _write_metrics(run, tracker, step, "sft", {"all": {"nll": losses[-1], "tokens": stats["tokens"],
-                                                                   "epoch": epoch}}, f"sft-{step:05d}")
+                log(step, {"nll": losses[-1], "tokens": stats["tokens"], "epoch": epoch})
             step += 1
             say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step, total)}")
         nll[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
@@ -258,16 +274,22 @@ def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable
     return procs
 
 
-def _warm_up(s: Session, train_tasks, tok) -> dict[str, float]:
-    cfg = s.cfg
-    rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], s.benchmark, tok, cfg.rollout.rehearser,
-                                      cfg.rollout.caller_demo, s.bank, cfg.rollout.tool_docs)
+def warm_up(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, train_tasks, tok, model, procs: Processes,
+            log: Callable[[int, dict[str, float]], None], say: Callable[[str], None]) -> dict[str, float]:
+    """SFT on the reference rows of the first `sft_tasks` train tasks (`_sft`); the summary's NLL per epoch."""
+    rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], benchmark, tok, cfg.rollout.rehearser,
+                                      cfg.rollout.caller_demo, bank, cfg.rollout.tool_docs)
             if r.role in cfg.trained_roles or r.role == "summariser"]  # every role the trained weights play
     if cfg.packing == "tree" and cfg.max_pack_tokens is not None:
         check_budget(rows, cfg.max_pack_tokens)  # before the first step, not in the middle of an epoch
-    s.say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s), "
-          f"{cfg.packing} packing" + (f", {s.procs.world} processes" if s.procs.world > 1 else ""))
-    return _sft(cfg, s.model, rows, tok.pad_token_id, s.run, s.procs, s.tracker, s.say)
+    say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s), "
+        f"{cfg.packing} packing" + (f", {procs.world} processes" if procs.world > 1 else ""))
+    return _sft(cfg, model, rows, tok.pad_token_id, procs, log, say)
+
+
+def log_sft(s: Session) -> Callable[[int, dict[str, float]], None]:
+    """SFT step metrics into the store (and the tracker)."""
+    return lambda step, values: _write_metrics(s.run, s.tracker, step, "sft", {"all": values}, f"sft-{step:05d}")
 
 
 def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, float] | None = None,
@@ -292,11 +314,7 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
     packed = fitting(rows, budget)
     if len(packed) < len(rows):
         s.say(f"  warning: {len(rows) - len(packed)} row(s) over max_pack_tokens = {budget} left out of the update")
-    s.model.train()
-    stats = grpo_step(s.model, s.optimizer, [rows[i] for i in packed], [advantages[i] for i in packed],
-                      s.backend.tokenizer.pad_token_id, processes=s.procs, importance_cap=cfg.vllm_importance_cap,
-                      packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics,
-                      tree_attention=cfg.tree_attention)
+    stats = s.learner.update([rows[i] for i in packed], [advantages[i] for i in packed])
     stats["rows_over_budget"] = len(rows) - len(packed)
     update_s = time.perf_counter() - started
     if push:
@@ -305,6 +323,9 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
             stats["sync_s"] = _sync(s, s.served)
     stats.update(rollout_s=played.seconds, update_s=update_s, policy_version=played.version, staleness=staleness,
                  **(timings or {}))
+    if played.actor_seconds:  # Ray's actors: each one's share of the rollout, and how many died on it
+        stats.update(actor_restarts=played.restarts,
+                     **{f"actor{i}_rollout_s": t for i, t in enumerate(played.actor_seconds)})
     stats["step_s"] = time.perf_counter() - since if since is not None else \
         played.seconds + time.perf_counter() - started
     packed = set(packed)
@@ -335,7 +356,7 @@ def _due(cfg: TrainConfig, updates: int, every: int) -> bool:
 def _in_lock_step(s: Session, tok, start: int, tasks_of: Callable[[int], list], versions: dict) -> None:
     """`max_staleness = 0`: play step k with the weights after k updates, update, push, then play step k + 1."""
     actor = RolloutActor(s.cfg, s.benchmark, s.bank, s.generator, s.backend, s.served,
-                         lambda what: _heartbeat(s.say, what), s.procs.rank)
+                         lambda what: heartbeat(s.say, what), s.procs.rank)
     started = time.perf_counter()
     for step in range(start, s.cfg.grpo_steps):
         actor.version = step  # the generation weights are the trained ones
@@ -344,7 +365,7 @@ def _in_lock_step(s: Session, tok, start: int, tasks_of: Callable[[int], list], 
         if _due(s.cfg, step + 1, s.cfg.eval_every):
             _evaluate_at(s, step + 1)
         if _due(s.cfg, step + 1, s.cfg.save_every):
-            _save_state(s.run, s.model, s.optimizer, step + 1, s.procs)
+            save_state(s, step + 1)
 
 
 def _ahead(s: Session, tok, start: int, tasks_of: Callable[[int], list], versions: dict) -> None:
@@ -354,29 +375,37 @@ def _ahead(s: Session, tok, start: int, tasks_of: Callable[[int], list], version
     generator = copy.deepcopy(s.generator).eval()
     backend = s.served.backend if s.served else HFBackend(generator, tok, cfg.rollout.max_batch_tokens)
     actor = RolloutActor(cfg, s.benchmark, s.bank, generator, backend, s.served,
-                         lambda what: _heartbeat(s.say, what), s.procs.rank)
+                         lambda what: heartbeat(s.say, what), s.procs.rank)
     actor.version = -1  # loads its first version before it plays
-    pipe = AheadPipeline(actor, cfg.max_staleness, start, cfg.grpo_steps, {**versions, start: trainable(s.model)},
-                         tasks_of)
-    evaluations, started = [], time.perf_counter()
 
     def evaluate_version(version: int, weights: dict[str, torch.Tensor]) -> None:
         actor.load(weights, version)
         _evaluate_at(replace(s, generator=generator, backend=backend), version)
 
+    overlapped(s, actor, start, tasks_of, versions, evaluate_version)
+
+
+def overlapped(s: Session, actor, start: int, tasks_of: Callable[[int], list], versions: dict,
+               evaluate_version: Callable[[int, dict[str, torch.Tensor]], None]) -> None:
+    """The learner's loop while `actor` (a `RolloutActor` on a thread, or the Ray actors) plays ahead: take each
+    step in order, update, publish the new version, evaluate and save when due (`staleness.py`)."""
+    cfg = s.cfg
+    pipe = AheadPipeline(actor, cfg.max_staleness, start, cfg.grpo_steps, {**versions, start: s.learner.weights()},
+                         tasks_of)
+    evaluations, started = [], time.perf_counter()
     try:
         for step in range(start, cfg.grpo_steps):
             pipe.fill(step)  # the learner holds version `step`
             played, wait_s, load_s = pipe.take(step)
             _learn(s, played, push=False, timings={"wait_s": wait_s, "load_s": load_s}, since=started)
             started = time.perf_counter()
-            weights = trainable(s.model)
+            weights = s.learner.weights()
             pipe.publish(step + 1, weights)
             s.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
             if _due(cfg, step + 1, cfg.eval_every):
                 evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate_version(v, w)))
             if _due(cfg, step + 1, cfg.save_every):
-                _save_state(s.run, s.model, s.optimizer, step + 1, s.procs, pipe.kept(step + 1))
+                save_state(s, step + 1, pipe.kept(step + 1))
         for done in evaluations:
             done.result()
     finally:
@@ -437,7 +466,7 @@ def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
     return [t for t in pool if t.uid in wanted]
 
 
-def _grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: ExampleBank, model, tok,
+def grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: ExampleBank, model, tok,
                say: Callable[[str], None]) -> tuple[TrainConfig, list]:
     """The units GRPO samples from (`grpo_tasks`, `grpo_units`, those whose first row fits the packing budget),
     and the config with its rollout's `auto` budgets resolved on the gold data."""
@@ -458,7 +487,27 @@ def _grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: 
     return cfg, pool
 
 
+def step_tasks(cfg: TrainConfig, pool: list, step: int) -> list:
+    """GRPO step `step`'s units: drawn from (seed, step) alone, so a resumed run draws them again."""
+    return random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step)
+
+
+def resumed(s: Session, resume: bool, device: Callable[[], Any]) -> tuple[int, dict, bool]:
+    """(next GRPO step, the kept policy versions, whether `state.pt` exists): a resumed run's learner takes the
+    saved weights and optimiser first (read once: every process must agree on whether to save, a collective)."""
+    state_path = s.run.path / "state.pt"
+    saved = state_path.exists()
+    if not (resume and saved):
+        return 0, {}, saved
+    state = torch.load(state_path, weights_only=True, map_location=device())
+    s.learner.load(state)
+    s.say(f"resuming at GRPO step {state['next_step'] + 1} (SFT already done)")
+    return state["next_step"], state.get("versions", {}), saved
+
+
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
+    """SFT then GRPO into `run` in this process (and its `accelerate launch` peers): the module docstring.
+    `[train.ray]` runs go to `cluster.driver.train_on_ray` instead."""
     launcher = launcher_fsdp(cfg.shard_optimizer)
     procs = _processes(cfg, launcher, say)
     if procs.world > 1 and cfg.max_staleness:
@@ -477,26 +526,20 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         model = add_lora(model, cfg.lora_rank)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     bank = ExampleBank(train_tasks)
-    cfg, pool = _grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, say)
+    cfg, pool = grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, say)
     s = Session(cfg, run, procs, say, benchmark, bank, model, procs.prepare(model))
     if procs.main:  # process 0 speaks for all, to the tracker too
         s.tracker = open_tracker(cfg.report_to, run, asdict(cfg))
     summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
-    s.optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
-    state_path = run.path / "state.pt"
-    saved = state_path.exists()  # read once: every process must agree on whether to save (a collective)
-    start, versions = 0, {}
-    if resume and saved:
-        state = torch.load(state_path, weights_only=True, map_location=s.generator.device)
-        procs.load(model, s.optimizer, state)
-        start, versions = state["next_step"], state.get("versions", {})
-        say(f"resuming at GRPO step {start + 1} (SFT already done)")
-    elif cfg.sft_tasks and cfg.sft_epochs:
-        summary.update(_warm_up(s, train_tasks, tok))
+    optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
+    s.learner = Learner(cfg, model, optimizer, procs, tok.pad_token_id)
+    start, versions, saved = resumed(s, resume, lambda: s.generator.device)
+    if not (resume and saved) and cfg.sft_tasks and cfg.sft_epochs:
+        summary.update(warm_up(cfg, benchmark, bank, train_tasks, tok, model, procs, log_sft(s), say))
         if procs.main:
             run.update(summary=summary)
     if not saved:
-        _save_state(run, model, s.optimizer, 0, procs)
+        save_state(s, 0)
     procs.sync(model, s.generator)
 
     s.served = _served(s, tok) if cfg.grpo_steps > start or cfg.eval_every else None  # nothing to generate: none
@@ -506,7 +549,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             _evaluate_at(s, 0)
 
         def tasks_of(step: int) -> list:
-            return procs.share(random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step))
+            return procs.share(step_tasks(cfg, pool, step))
 
         (_ahead if cfg.max_staleness else _in_lock_step)(s, tok, start, tasks_of, versions)
     finally:

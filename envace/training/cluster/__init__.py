@@ -1,0 +1,11 @@
+"""Rollout actors and learner ranks placed by Ray, on one machine or many (`[train.ray]`, `envace train --ray`).
+
+    driver (this process): the store, state.pt, the schedule of steps and versions (`staleness.AheadPipeline`)
+      ├─ actors  (placement group A): each loads the base model, takes published versions from the object
+      │          store, plays its share of a step's tasks and returns scored groups (`workers.ActorWorker`)
+      └─ learner (placement group B): N ranks in one torch.distributed group (gloo on CPUs, NCCL on GPUs),
+                 each updating on its share of the groups (`workers.LearnerRank`)
+
+Nothing crosses between them as a path: weights, optimiser state, episodes and the final checkpoint travel
+through Ray's object store, and only the driver writes files, so no node needs a shared filesystem.
+"""

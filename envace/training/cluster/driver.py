@@ -1,0 +1,218 @@
+"""`envace train` under `[train.ray]`: the driver's side of the actors and the learner ranks.
+
+The loop is `train.overlapped`, the same one a single process runs with `max_staleness ≥ 1`; here its actor
+is `RemoteActors` (every actor plays its share of a step's tasks) and its learner `RemoteLearner` (every
+rank updates on its share of the groups; the gradients are summed in their torch.distributed group). With
+`max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
+synchronous algorithm, each step's tasks and seeds the same as in one process.
+
+An actor that dies is restarted by Ray (`max_restarts`); the driver sends it the current version again and
+replays its share of the step. The store is written once a whole step is back, by the driver alone, so a
+group is stored exactly once however often its actor died.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from envace.config import TrainConfig
+from envace.envs import registry
+from envace.store import Run
+from envace.trackers import open_tracker
+from envace.training.actor import Played
+from envace.training.cluster.placement import Placement, place
+from envace.training.distributed import Processes
+from envace.training.grpo import Row
+from envace.training.learner import ADDITIVE
+
+
+class RemoteActors:
+    """The actors as one `RolloutActor` for `AheadPipeline`: `load` a version into all, `play` a step across them."""
+
+    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None]) -> None:
+        self.handles, self.max_restarts, self.say = handles, max_restarts, say
+        self.version, self.published = -1, None  # (object ref of the weights, version)
+        self.restarts = 0
+
+    def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        import ray
+
+        started = time.perf_counter()
+        self.published = (ray.put(weights), version)  # one copy in the object store, read by every actor
+        self._each(range(len(self.handles)), lambda h, i: h.load.remote(*self.published))
+        self.version = version
+        return time.perf_counter() - started
+
+    def play(self, step: int, tasks: list) -> Played:
+        """Every actor plays tasks[i::n]; the groups come back in the order of `tasks`, as one process plays them."""
+        started, restarts, n = time.perf_counter(), self.restarts, len(self.handles)
+        busy = [i for i in range(n) if tasks[i::n]]
+        shares = dict(zip(busy, self._each(busy, lambda h, i: h.play.remote(step, tasks[i::n], self.version)),
+                          strict=True))
+        size = len(shares[busy[0]].episodes) // len(tasks[busy[0]::n])  # G episodes per task
+        episodes, scored = [], []
+        for j in range(len(tasks)):
+            part, at = shares[j % n], (j // n) * size
+            episodes += part.episodes[at: at + size]
+            scored += part.scored[at: at + size]
+        return Played(step, self.version, episodes, scored, shares[busy[0]].real_fraction,
+                      time.perf_counter() - started, self.restarts - restarts, [shares[i].seconds for i in busy])
+
+    def evaluate(self, updates: int) -> tuple[list, list]:
+        n = len(self.handles)
+        parts = self._each(range(n), lambda h, i: h.evaluate.remote(updates, self.version, i, n))
+        return [ep for p in parts for ep in p[0]], [row for p in parts for row in p[1]]
+
+    def _each(self, indices, call: Callable[[Any, int], Any]) -> list:
+        """`call(handle, i)` on every actor in `indices` at once; an actor that died (or came back without the
+        published version: answered None) is sent the version again and asked again."""
+        import ray
+
+        refs = {i: call(self.handles[i], i) for i in indices}
+        out = []
+        for i, ref in refs.items():
+            for attempt in range(self.max_restarts + 2):
+                try:
+                    result = ray.get(ref)
+                    if result is not None:
+                        break
+                    why = "came back without the policy weights"
+                except ray.exceptions.RayActorError as exc:
+                    why = f"died ({type(exc).__name__})"
+                if attempt > self.max_restarts:
+                    raise RuntimeError(f"ray: actor {i} {why} {attempt + 1} times; giving up (max_restarts = "
+                                       f"{self.max_restarts})")
+                self.restarts += 1
+                self.say(f"  actor {i} {why}: sending it policy version {self.published[1]} again and replaying "
+                         f"its share")
+                try:
+                    ray.get(self.handles[i].load.remote(*self.published))
+                except ray.exceptions.RayActorError:
+                    pass  # died again: the next attempt finds out
+                ref = call(self.handles[i], i)
+            out.append(result)
+        return out
+
+
+class RemoteLearner:
+    """The learner ranks as one `learner.Learner`: rank r updates on the groups of every r-th task."""
+
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def _all(self, method: str, *args) -> list:
+        import ray
+
+        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+
+    def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
+        import ray
+
+        order = list(dict.fromkeys(r.task_uid for r in rows))  # tasks in the order they were played
+        rank_of = {uid: j % len(self.handles) for j, uid in enumerate(order)}
+        refs = []
+        for rank, h in enumerate(self.handles):
+            picked = [i for i, r in enumerate(rows) if rank_of[r.task_uid] == rank]
+            refs.append(h.update.remote([rows[i] for i in picked], [advantages[i] for i in picked]))
+        stats = ray.get(refs)
+        return {**stats[0], **{k: sum(s[k] for s in stats) for k in ADDITIVE if k in stats[0]}}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self._all("weights")[0]
+
+    def state(self) -> dict | None:
+        return self._all("state")[0]
+
+    def load(self, state: dict) -> None:
+        import ray
+
+        self._all("load", ray.put(state))
+
+
+def _start(cfg: TrainConfig, placement: Placement, run: Run) -> tuple[list, list]:
+    """The learner ranks and the actors, each in its bundle; actors are named `<run>-actor-<i>` (namespace envace)."""
+    import ray
+
+    from envace.training.cluster.workers import ActorWorker, LearnerRank
+
+    rc = cfg.ray
+    ranks = [ray.remote(LearnerRank).options(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus,
+                                             scheduling_strategy=placement.learner(r)).remote(cfg, r, rc.learners)
+             for r in range(rc.learners)]
+    actors = [ray.remote(ActorWorker).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus,
+                                              max_restarts=rc.max_restarts, name=f"{run.run_id}-actor-{i}",
+                                              namespace="envace", scheduling_strategy=placement.actor(i))
+              .remote(cfg, i) for i in range(rc.actors)]
+    return ranks, actors
+
+
+def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume: bool) -> dict[str, Any]:
+    """SFT then GRPO with Ray's actors and learner ranks (module docstring), this process connected to the cluster
+    (`placement.joined`); the summary, as `train.train`."""
+    import ray
+
+    from envace.training import train as single
+
+    placement, ranks, actors = None, [], []
+    try:
+        placement = place(cfg.ray)
+        ranks, actors = _start(cfg, placement, run)
+        host, port = ray.get(ranks[0].endpoint.remote())
+        cfg, pool = ray.get([r.join.remote(host, port) for r in ranks])[0]
+        nodes = {}  # Ray node id → a short name, in order of appearance
+        named = [nodes.setdefault(node, f"node {len(nodes)} ({node[:8]})")
+                 for node, _ in ray.get([h.where.remote() for h in actors + ranks])]
+        say(f"ray: {len(actors)} actor(s) on " + ", ".join(named[: len(actors)]) + f"; a learner of {len(ranks)} "
+            "rank(s) on " + ", ".join(named[len(actors):]))
+        procs = Processes()  # the driver alone: world 1, writes everything
+        s = single.Session(cfg, run, procs, say, registry.get(cfg.rollout.env), None, None, None,
+                           learner=RemoteLearner(ranks), tracker=open_tracker(cfg.report_to, run, asdict(cfg)))
+        summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
+        start, versions, saved = single.resumed(s, resume, lambda: "cpu")
+        if not (resume and saved) and cfg.sft_tasks and cfg.sft_epochs:
+            nll, logged = ray.get([r.sft.remote() for r in ranks])[0]
+            for step, values in logged:
+                single.log_sft(s)(step, values)
+            summary.update(nll)
+            run.update(summary=summary)
+        if not saved:
+            single.save_state(s, 0)
+        remote = RemoteActors(actors, cfg.ray.max_restarts, say)
+
+        def evaluate_version(version: int, weights: dict[str, torch.Tensor]) -> None:
+            remote.load(weights, version)
+            episodes, rows = remote.evaluate(version)
+            single.report_evaluation(s, version, single.evaluation_scores(run, procs, version, episodes, rows))
+
+        if cfg.eval_every and start == 0:
+            evaluate_version(0, s.learner.weights())
+        single.overlapped(s, remote, start, lambda step: single.step_tasks(cfg, pool, step), versions,
+                          evaluate_version)
+        files = ray.get([r.checkpoint.remote() for r in ranks])[0]
+        summary["checkpoint"] = str(_write_checkpoint(run, files))
+        say(f"saved {summary['checkpoint']}")
+        s.tracker.close()
+        return summary
+    finally:
+        for handle in actors + ranks:
+            ray.kill(handle, no_restart=True)
+        if placement is not None:
+            placement.remove()
+
+
+def _write_checkpoint(run: Run, files: dict[str, bytes]):
+    out, partial = run.path / "checkpoint", run.path / f".checkpoint.{os.getpid()}.partial"
+    for name, data in files.items():
+        (partial / name).parent.mkdir(parents=True, exist_ok=True)
+        (partial / name).write_bytes(data)
+    if out.exists():  # a resumed run replaces its earlier checkpoint
+        shutil.rmtree(out)
+    os.replace(partial, out)  # a kill mid-write leaves no half-written checkpoint behind
+    return out

@@ -1,0 +1,118 @@
+"""Joining a Ray cluster and reserving the actors' and learner ranks' resources, or one clear line why not.
+
+Two placement groups: the actors' (spread as `actor_placement` says: STRICT_SPREAD puts one per node) and the
+learner ranks' (PACK: a collective is fastest between ranks on one node). Both are checked against the
+cluster's resources before they are asked for, so an impossible placement is refused at once instead of
+waiting for resources that will never come.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from envace.config import RayConfig
+from envace.errors import UsageError
+
+
+@contextmanager
+def joined(address: str, say: Callable[[str], None]) -> Iterator[None]:
+    """Connected to Ray (`connect`) for the block; left after it (a cluster started here stops)."""
+    import ray
+
+    connect(address, say)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def connect(address: str, say: Callable[[str], None]) -> None:
+    """Start Ray on this machine (`local`) or join the cluster at `address` (`auto`, HOST:PORT)."""
+    import ray
+
+    if address == "local":
+        ray.init(include_dashboard=False, log_to_driver=True, namespace="envace")
+        say(f"ray: started on this machine ({_resources(ray.cluster_resources())})")
+        return
+    if address != "auto":
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--ray: expected local, auto or HOST:PORT, got {address!r}")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise UsageError(f"--ray: no Ray cluster answers at {address} ({exc.strerror or exc})") from None
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True, namespace="envace")
+    except (ConnectionError, RuntimeError) as exc:
+        raise UsageError(f"--ray: could not join the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+    say(f"ray: joined {address}: {len([n for n in ray.nodes() if n['Alive']])} node(s), "
+        f"{_resources(ray.cluster_resources())}")
+
+
+def _resources(have: dict[str, float]) -> str:
+    return f"{have.get('CPU', 0):g} CPU, {have.get('GPU', 0):g} GPU"
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+@dataclass
+class Placement:
+    """The two reserved placement groups (`ray.util.placement_group.PlacementGroup`)."""
+
+    actors: Any
+    learners: Any
+
+    def actor(self, index: int) -> Any:
+        return self._at(self.actors, index)
+
+    def learner(self, rank: int) -> Any:
+        return self._at(self.learners, rank)
+
+    @staticmethod
+    def _at(group: Any, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in (self.actors, self.learners):
+            remove_placement_group(group)
+
+
+def place(rc: RayConfig) -> Placement:
+    """Reserve `rc.actors` actor bundles and `rc.learners` learner bundles, or refuse in one line (UsageError)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    have = ray.cluster_resources()
+    nodes = len([n for n in ray.nodes() if n["Alive"]])
+    for kind in ("CPU", "GPU"):
+        per_actor, per_rank = (rc.actor_cpus, rc.learner_cpus) if kind == "CPU" else (rc.actor_gpus, rc.learner_gpus)
+        need = rc.actors * per_actor + rc.learners * per_rank
+        if need > have.get(kind, 0):
+            raise UsageError(f"[train.ray]: {rc.actors} actor(s) × {per_actor:g} {kind} + {rc.learners} learner "
+                             f"rank(s) × {per_rank:g} {kind} = {need:g} {kind}, but the cluster has "
+                             f"{have.get(kind, 0):g}")
+    if rc.actor_placement == "STRICT_SPREAD" and rc.actors > nodes:
+        raise UsageError(f"[train.ray] actor_placement: STRICT_SPREAD puts each of {rc.actors} actors on its own "
+                         f"node, but the cluster has {nodes}")
+    groups = [placement_group([_bundle(rc.actor_cpus, rc.actor_gpus)] * rc.actors, strategy=rc.actor_placement),
+              placement_group([_bundle(rc.learner_cpus, rc.learner_gpus)] * rc.learners, strategy="PACK")]
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=2, timeout=rc.placement_timeout_s)
+    if len(ready) < 2:
+        for group in groups:
+            remove_placement_group(group)
+        raise UsageError(f"[train.ray]: the cluster could not place the actors and learner ranks within "
+                         f"{rc.placement_timeout_s:g} s (no node has a whole bundle free: "
+                         f"{_resources(_bundle(rc.actor_cpus, rc.actor_gpus))} per actor, "
+                         f"{_resources(_bundle(rc.learner_cpus, rc.learner_gpus))} per learner rank)")
+    return Placement(*groups)

@@ -1,0 +1,162 @@
+"""What runs inside Ray's worker processes: a rollout actor, and one rank of the learner.
+
+Both are plain classes (`ray.remote` wraps them in `driver.py`), and both build what they need from the
+config alone: the base model by name, the benchmark from its installed package. What the learner
+produces (a policy version, optimiser state, the checkpoint's files) is returned as values.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.config import TrainConfig
+from envace.envs import registry
+from envace.policy.hf import HFBackend
+from envace.policy.models import add_lora, enable_checkpointing, load_policy
+from envace.rehearsal.examples import ExampleBank
+from envace.training.actor import Played, RolloutActor
+from envace.training.distributed import Processes
+from envace.training.grpo import Row
+from envace.training.learner import Learner
+from envace.training.served import ServedPolicy
+from envace.training.train import grpo_pool, heartbeat, play_evaluation, warm_up
+
+
+def _policy(cfg: TrainConfig, threads: float):
+    """(model, tokenizer, benchmark, train tasks, example bank) as every process of a run builds them."""
+    torch.set_num_threads(max(1, int(threads)))  # Ray's CPUs for this worker, not the whole node's
+    torch.manual_seed(cfg.seed)
+    benchmark = registry.get(cfg.rollout.env)
+    model, tok = load_policy(cfg.model, cfg.dtype)
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model)
+    if cfg.lora:
+        model = add_lora(model, cfg.lora_rank)
+    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
+    return model, tok, benchmark, train_tasks, ExampleBank(train_tasks)
+
+def _node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+class ActorWorker:
+    """Rollout actor `index`: a `RolloutActor` on its own copy of the policy (and its own vLLM server with
+    `rollout.backend = vllm`). It plays only with the version the driver asks for: a restarted actor holds
+    none, answers None, and the driver sends the weights again."""
+
+    def __init__(self, cfg: TrainConfig, index: int) -> None:
+        model, tok, benchmark, _, bank = _policy(cfg, cfg.ray.actor_cpus)
+        served = None
+        if cfg.rollout.backend == "vllm":
+            served = ServedPolicy.start(cfg.model, "", cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
+                                        Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-")), print,
+                                        gpu_memory=cfg.vllm_gpu_memory)
+        backend = served.backend if served else HFBackend(model, tok, cfg.rollout.max_batch_tokens)
+        self.cfg, self.index, self.benchmark, self.bank, self.backend = cfg, index, benchmark, bank, backend
+        self.actor = RolloutActor(cfg, benchmark, bank, model.eval(), backend, served, self._progress, index)
+        self.actor.version = -1
+
+    def _progress(self, what: str):
+        return heartbeat(lambda line: print(f"actor {self.index}:{line}", flush=True), what)
+
+    def where(self) -> tuple[str, int]:
+        """(Ray node id, process id)."""
+        return _node(), os.getpid()
+
+    def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        return self.actor.load(weights, version)
+
+    def play(self, step: int, tasks: list, version: int) -> Played | None:
+        return self.actor.play(step, tasks) if self.actor.version == version else None
+
+    def evaluate(self, updates: int, version: int, index: int, count: int):
+        if self.actor.version != version:
+            return None
+        self.actor.generator.eval()
+        self.backend.clear_caches()
+        return play_evaluation(self.cfg, self.benchmark, self.bank, self.backend, updates,
+                               lambda tasks: list(tasks[index::count]))
+
+
+class LearnerRank:
+    """Rank `rank` of `world`: the trained weights and optimiser (`learner.Learner`) in a torch.distributed
+    group that `join` forms (rank 0's `endpoint` first)."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world
+
+    def where(self) -> tuple[str, int]:
+        return _node(), os.getpid()
+
+    def endpoint(self) -> tuple[str, int]:
+        """This node's address and a free port: where the group's rendezvous listens (rank 0)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+    def join(self, host: str, port: int) -> tuple[TrainConfig, list] | None:
+        """Form the group, build the policy and its optimiser; rank 0 returns the resolved config and the
+        GRPO pool (`train.grpo_pool`)."""
+        cfg = self.cfg
+        gpus = cfg.ray.learner_gpus > 0  # Ray shows each rank only its own GPU: cuda:0
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), MASTER_ADDR=host, MASTER_PORT=str(port),
+                          LOCAL_RANK="0" if gpus else str(self.rank), LOCAL_WORLD_SIZE="1" if gpus else str(self.world))
+        model, tok, benchmark, train_tasks, bank = _policy(cfg, cfg.ray.learner_cpus)
+        self.tok, self.benchmark, self.train_tasks, self.bank = tok, benchmark, train_tasks, bank
+        self.procs = Processes(cfg.fsdp, timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
+        pool = grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, self._say) if self.rank == 0 else None
+        self.generator = self.procs.prepare(model)
+        optimizer = self.procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr,
+                                         cfg.shard_optimizer)
+        self.learner = Learner(cfg, model, optimizer, self.procs, tok.pad_token_id)
+        return pool
+
+    def _say(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)
+
+    def sft(self) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
+        """SFT (`train.warm_up`) with an optimiser of its own; its summary and rank 0's per-step metrics."""
+        logged: list[tuple[int, dict[str, float]]] = []
+        summary = warm_up(self.cfg, self.benchmark, self.bank, self.train_tasks, self.tok, self.learner.model,
+                          self.procs, lambda step, values: logged.append((step, values)), self._say)
+        return summary, logged
+
+    def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
+        return self.learner.update(rows, advantages)
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        weights = self.learner.weights()
+        return weights if self.rank == 0 else None
+
+    def state(self) -> dict | None:
+        return self.learner.state()
+
+    def load(self, state: dict) -> None:
+        self.learner.load(state)
+
+    def checkpoint(self) -> dict[str, bytes] | None:
+        """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them: {file: bytes}, rank 0."""
+        self.procs.sync(self.learner.model, self.generator)
+        if self.rank != 0:
+            return None
+        model = self.generator.merge_and_unload() if self.cfg.lora else self.generator
+        with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
+            model.save_pretrained(folder)
+            self.tok.save_pretrained(folder)
+            return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
+
+    def leave(self) -> None:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -1,0 +1,183 @@
+"""Actors and a learner placed by Ray (`[train.ray]`, `envace/training/cluster/`), on a real Ray cluster of two
+nodes simulated on this machine (`ray.cluster_utils.Cluster`, loopback).
+
+The cluster's worker processes start with `tests/ray_workers` on their PYTHONPATH: the tiny model's messages
+are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
+and updates happen; and any file operation of a worker under the driver's runs folder raises, so a run that
+passes gave no actor or learner rank a path of the driver's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from envace.cli import main
+from envace.store import connect
+
+HOOKS = Path(__file__).parent / "ray_workers"
+STALE = ["--set", "max_staleness=1", "--set", "vllm_importance_cap=2.0", "--set", "sft_tasks=0",
+         "--set", "rollout.group_size=4", "--set", "rollout.temperature=1.0", "--set", "lr=5e-2",
+         "--set", "flat_row_metrics=true", "--set", "tasks_per_step=2"]
+# an actor on each node, a learner of two ranks (gloo): 2 × 1 + 2 × 0.5 of the cluster's 4 CPUs
+TWO_NODES = ["--set", "ray.actors=2", "--set", "ray.actor_placement=STRICT_SPREAD", "--set", "ray.learners=2",
+             "--set", "ray.learner_cpus=0.5"]
+TIMES = ("rollout_s", "update_s", "step_s", "sync_s", "wait_s", "load_s", "actor0_rollout_s", "actor1_rollout_s",
+         "actor_restarts")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray.cluster_utils import Cluster
+
+    runs = tmp_path_factory.mktemp("ray-runs")
+    keys = ("PYTHONPATH", "ENVACE_TEST_HALF_GOLD", "ENVACE_TEST_FORBIDDEN")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (str(HOOKS), saved["PYTHONPATH"]) if p),
+                      ENVACE_TEST_HALF_GOLD="1", ENVACE_TEST_FORBIDDEN=str(runs))
+    try:  # the nodes' raylets keep this environment for every worker they start
+        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+        nodes.add_node(num_cpus=2)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    yield nodes.address, runs
+    nodes.shutdown()
+
+
+def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
+    return main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--run-name", name,
+                 "--set", f"grpo_steps={steps}", *STALE, *extra])
+
+
+def _stored(con, run: str, step: int | None = None) -> tuple[list, list]:
+    """A run's generations (what was sampled, by which version, its advantage) and metrics, wall times left out."""
+    only = "" if step is None else f" AND step = {step}"
+    generations = con.execute("SELECT step, episode_id, role, turn, turn_step, completion_ids, policy_version, "
+                              f"advantage, trained FROM generations WHERE run_id = ?{only} "
+                              "ORDER BY step, episode_id, role, turn, turn_step, call_index", [run]).fetchall()
+    metrics = con.execute(f"SELECT phase, step, role, name, value FROM metrics WHERE run_id = ?{only} "
+                          f"AND name NOT IN {TIMES} ORDER BY phase, step, role, name", [run]).fetchall()
+    return generations, metrics
+
+
+def _same(a: tuple[list, list], b: tuple[list, list]) -> list:
+    """The same generations, and the same metrics within float noise; the generations."""
+    assert a[0] and a[0] == b[0]
+    assert [m[:4] for m in a[1]] == [m[:4] for m in b[1]]
+    for x, y in zip(a[1], b[1], strict=True):
+        assert x[4] == pytest.approx(y[4], rel=1e-5, abs=1e-7), x[:4]
+    return a[0]
+
+
+def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(runs / name / "checkpoint" / "model.safetensors")
+
+
+def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster, monkeypatch, capsys):
+    import ray
+
+    from envace.training.cluster import driver
+
+    address, runs = cluster
+    killed: list[int] = []
+    play = driver.RemoteActors.play
+
+    def play_and_kill_actor_zero(self, step, tasks):
+        if step == 1 and not killed:  # SIGKILL actor 0 half a second into its share of step 2
+            _, pid = ray.get(self.handles[0].where.remote())
+            threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+            killed.append(pid)
+        return play(self, step, tasks)
+
+    monkeypatch.setattr(driver.RemoteActors, "play", play_and_kill_actor_zero)
+    assert _train(address, runs, "whole", 3, *TWO_NODES) == 0
+    out = capsys.readouterr().out
+    assert "2 actor(s) on node 0" in out and "node 1" in out.split("actor(s) on")[1].split(";")[0]  # one per node
+    assert "a learner of 2 rank(s)" in out and killed and "actor 0 died" in out
+    con = connect(runs)
+    restarts = con.execute("SELECT sum(value) FROM metrics WHERE run_id = 'whole' AND name = 'actor_restarts'")
+    assert restarts.fetchall()[0][0] >= 1
+    # every group stored exactly once: 2 tasks × G = 4 episodes per step, each with its generations once
+    per_step = con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes WHERE run_id = 'whole' "
+                           "GROUP BY step ORDER BY step").fetchall()
+    assert per_step == [(0, 8, 8), (1, 8, 8), (2, 8, 8)]
+    dupes = con.execute("SELECT count(*) FROM (SELECT episode_id, role, turn, turn_step, call_index, count(*) AS n "
+                        "FROM generations WHERE run_id = 'whole' GROUP BY ALL) WHERE n > 1").fetchall()[0][0]
+    assert dupes == 0
+    versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
+                           "WHERE run_id = 'whole' GROUP BY step ORDER BY step").fetchall()
+    assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # step b sampled by version max(0, b − 1)
+    trained, oldest = con.execute("SELECT count(*), max(step - policy_version) FROM generations "
+                                  "WHERE run_id = 'whole' AND trained").fetchall()[0]
+    assert trained > 0 and oldest <= 1  # updates happened, never on a row sampled more than 1 version ago
+
+    assert main(["show", "whole", "--root", str(runs)]) == 0
+    shown = capsys.readouterr().out
+    assert "actor 1 playing its share" in shown and "actors restarted" in shown and "0: 1, 1: 2" in shown
+
+    # --resume under Ray: two steps, then the third from state.pt, equal to the run whose actor died
+    monkeypatch.setattr(driver.RemoteActors, "play", play)
+    assert _train(address, runs, "cut", 2, *TWO_NODES) == 0
+    assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
+                 "--set", "grpo_steps=3", *STALE, *TWO_NODES]) == 0
+
+    _same(_stored(connect(runs), "whole", step=2), _stored(connect(runs), "cut", step=2))
+    whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
+
+
+def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):
+    """max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
+    `envace train` in one process (whose backend takes the same half-gold messages, in-process)."""
+    from envace.policy.hf import HFBackend
+
+    address, runs = cluster
+    sync = ["--set", "max_staleness=0", "--set", "sft_tasks=1", "--set", "sft_epochs=1"]
+    assert _train(address, runs, "ray-sync", 2, *sync) == 0
+    spec = importlib.util.spec_from_file_location("ray_worker_hooks", HOOKS / "sitecustomize.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)  # neither variable is set here: only `half_gold` is defined
+    monkeypatch.setattr(HFBackend, "generate", HFBackend.generate)  # restored after the test
+    hooks.half_gold(HFBackend)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the actor and the learner rank (1 CPU each): the same order of float additions
+    try:
+        assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "local", "--set",
+                     "grpo_steps=2", *STALE, *sync]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    ray_con, local_con = connect(runs), connect(tmp_path)
+
+    g_ray = _same(_stored(ray_con, "ray-sync"), _stored(local_con, "local"))
+    assert any(trained for *_, trained in g_ray)
+    remote, local = _weights(runs, "ray-sync"), load_file(tmp_path / "local" / "checkpoint" / "model.safetensors")
+    assert all(torch.allclose(remote[k], local[k], atol=1e-6) for k in local)
+
+
+def test_a_placement_the_cluster_cannot_satisfy_is_one_line(cluster, capsys):
+    address, runs = cluster
+    assert _train(address, runs, "greedy", 1, "--set", "ray.actor_gpus=4") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "4 GPU" in err[0] and "the cluster has 0" in err[0]
+    assert _train(address, runs, "spread", 1, "--set", "ray.actors=3", "--set", "ray.actor_cpus=0.5",
+                  "--set", "ray.actor_placement=STRICT_SPREAD") == 2
+    assert "the cluster has 2" in capsys.readouterr().err
+
+
+def test_a_ray_address_that_does_not_answer_is_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--ray", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in err[0]
