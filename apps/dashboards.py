@@ -121,21 +121,24 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
         phase = gr.Radio(["grpo", "sft", "eval"], value="grpo", label="phase", scale=2)
         smoothing = gr.Slider(0, 0.95, value=0, step=0.05, label="smoothing (moving average)", scale=1)
     curves = gr.Plot()
+    timeline = gr.Plot(label="actors and learner (the first run picked)")
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
 
     @shown_errors
     def draw(run_ids, phase, smoothing):
         run_ids = [r for r in (run_ids or []) if r]
         if not run_ids:
-            return empty_note("training runs", "train"), None, None
+            return empty_note("training runs", "train"), None, None, None
         long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
         if long.empty:
-            return f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None
+            return f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None, None
         names = figures.TRAINING_METRICS if phase == "grpo" else tuple(sorted(set(long["name"])))
-        last = long[long["step"] == long.groupby("run_id")["step"].transform("max")]
+        spans = figures.step_timeline(long[long["run_id"] == run_ids[0]]) if phase == "grpo" else None
+        last = long[(long["step"] == long.groupby("run_id")["step"].transform("max"))
+                    & ~long["name"].str.endswith("_t")]  # a span's wall-clock start is for the timeline only
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
-        return "", figures.training_curves(long, names, smoothing), rounded(table.reset_index(), 4)
+        return "", figures.training_curves(long, names, smoothing), spans, rounded(table.reset_index(), 4)
 
     def choices(current):
         return keep_choice(run_choices(wb.runs(), kinds=("train",)), current, multiselect=True)
@@ -143,10 +146,10 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
     def follow(run_ids, phase, smoothing):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
         running = set(wb.runs().query("status == 'running'")["run_id"])
-        return draw(run_ids, phase, smoothing) if set(run_ids or []) & running else (gr.skip(),) * 3
+        return draw(run_ids, phase, smoothing) if set(run_ids or []) & running else (gr.skip(),) * 4
 
     gr.on([app.load, timer.tick], choices, runs, runs)
     gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release], draw, [runs, phase, smoothing],
-          [note, curves, table], api_name="training")
-    timer.tick(follow, [runs, phase, smoothing], [note, curves, table])
+          [note, curves, timeline, table], api_name="training")
+    timer.tick(follow, [runs, phase, smoothing], [note, curves, timeline, table])
     return runs

@@ -142,7 +142,8 @@ def _reward(row: dict[str, Any]) -> str:
 def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...] = ("caller", "rehearser"),
                  episode_id: str = "") -> str:
     """The episode aligned turn by turn: user message, each caller message with its calls, each call's
-    pair; the rehearser row that answered a call is shown under it with its reward and advantage."""
+    pair; the rehearser row that answered a call is shown under it with its reward, advantage and raw text (open
+    when the rehearsal was malformed)."""
     opening = f'<div class="episode" data-episode="{escape(episode_id)}">'
     if steps.empty:
         return opening + "This episode has no stored generations.</div>"
@@ -173,13 +174,18 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
                      if _text(row["parse_error"]) else "")
             parts.append(f'<div class="caller" style="background:{ROLE_COLOURS["caller"]}"><b>caller</b> · step '
                          f'{row["turn_step"]} · {row["tokens"]} tokens · {_reward(row)}{error}'
-                         f'<pre>{escape(_text(row["completion_text"]))}</pre></div>')
+                         f'<pre style="{_WRAP}">{escape(_text(row["completion_text"]))}</pre></div>')
         for call in calls_at.get((row["turn"], row["turn_step"]), []):
             parts.append(pair_html(call))
             rehearsal = rehearser_rows.get((call["turn"], call["turn_step"], call["call_index"]))
             if rehearsal is not None and "rehearser" in roles:
+                # what the rehearser wrote, word for word: a malformed rehearsal has no parsed response above
+                malformed = _text(call.get("rehearsal_error"))
                 parts.append(f'<div class="rehearser" style="background:{ROLE_COLOURS["rehearser"]}"><b>rehearser</b>'
-                             f' · {rehearsal["tokens"]} tokens · {_reward(rehearsal)}</div>')
+                             f' · {rehearsal["tokens"]} tokens · {_reward(rehearsal)}'
+                             f'<details class="rehearser-text"{" open" if malformed else ""}><summary>what it wrote'
+                             f'</summary><pre style="{_WRAP}">{escape(_text(rehearsal["completion_text"]))}</pre>'
+                             "</details></div>")
     return opening + "\n".join(parts) + "</div>"
 
 

@@ -427,6 +427,9 @@ class TrainConfig(Config):
                                        None)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
+    algorithm: Literal["role_grpo", "token_mean"] = doc(
+        "role_grpo (the reference: each row's tokens averaged, then rows) | token_mean (Dr. GRPO / DAPO's token-level "
+        "mean over the batch: every token weighs the same); envace/training/algorithms.py", "role_grpo")
     shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
                                 "a full fine-tune's optimizer state is 2x the weights in fp32)", False)
     fsdp: bool = doc("with several processes, shard weights, gradients and AdamW's moments across them (FSDP2, "

@@ -61,7 +61,7 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
     """
     import time
 
-    from envace.rehearsal.build import build_engine
+    from envace.engine.build import build_engine
 
     reporter = reporter or Reporter()
     benchmark = registry.get(cfg.env)
@@ -409,8 +409,8 @@ def judge_job(run_id: str, root: str | Path = "runs", model: str = "default", li
     import re
 
     from envace import judge
+    from envace.engine.sampler import Sampler
     from envace.policy.specs import check_model_spec
-    from envace.rehearsal.sampler import Sampler
     from envace.store import connect
     from envace.units import whole_uid
 

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envace.engine.prompts import ChatRenderer
+from envace.engine.sampler import Sampler
 from envace.formats import parse_tool_calls, strip_thinking
-from envace.rehearsal.prompts import ChatRenderer
-from envace.rehearsal.sampler import Sampler
 
 SUBSCORE = "rubric_judge"
 WINDOW, OVERLAP = 10, 2  # the official judge's sliding windows: 10 messages, the last 2 seen again

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envace import rewards
-from envace.rehearsal.episode import Episode, Generated
+from envace.engine.episode import Episode, Generated
 from envace.store import Run
 from envace.types import Role
 

@@ -59,9 +59,10 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
-    note, curves, last = client.predict(["trained"], "grpo", 0.5, api_name="/training")
+    note, curves, spans, last = client.predict(["trained"], "grpo", 0.5, api_name="/training")
     assert curves and "reward_mean" in {r[0] for r in last["data"]} and note == ""
-    note, curves, _ = client.predict([], "grpo", 0, api_name="/training")
+    assert spans and not any(r[0].endswith("_t") for r in last["data"])  # the timeline, and no clock in the table
+    note, curves, _, _ = client.predict([], "grpo", 0, api_name="/training")
     assert curves is None and "envace train" in note  # one empty-state rule: what is missing, what makes it
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
     budget = turns["headers"].index("budget")

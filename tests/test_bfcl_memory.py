@@ -10,12 +10,12 @@ import pytest
 
 from envace.cli import main
 from envace.config import RolloutConfig
+from envace.engine.build import build_engine
 from envace.envs import registry
 from envace.envs.bfcl import memory
 from envace.envs.check import check_category
 from envace.policy.models import tokenizer_for
 from envace.policy.scripted import ReferencePolicy
-from envace.rehearsal.build import build_engine
 from envace.types import Score
 
 # each backend's own call that writes one line to the memory its questions see in their prompt

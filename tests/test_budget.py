@@ -13,12 +13,12 @@ import pytest
 
 from envace.cli import main
 from envace.config import RehearserOptions
+from envace.engine.episode import Episode, Pending
+from envace.engine.prompts import ChatRenderer
+from envace.engine.sampler import Sampler
 from envace.policy.backend import Generation
-from envace.rehearsal.episode import Episode, Pending
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.prompts import ChatRenderer
 from envace.rehearsal.rehearser import Rehearser
-from envace.rehearsal.sampler import Sampler
 from envace.store import connect
 from envace.types import ToolCall
 

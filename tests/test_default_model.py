@@ -3,9 +3,9 @@
 import pytest
 
 from envace.config import RolloutConfig
+from envace.engine.build import build_engine
 from envace.policy.hf import HFBackend
 from envace.policy.specs import DEFAULT_MODEL, default_model_dir
-from envace.rehearsal.build import build_engine
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def test_gradients_of_shares_sum_to_the_whole_batch(tiny):
         model.zero_grad()
         for share in shares:
             backward(model, [rows[i] for i in share], [advantages[i] for i in share], tok.pad_token_id,
-                     total_rows=len(rows))
+                     normaliser=len(rows))
         return [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
     whole, split = grads([[0, 1, 2, 3]]), grads([[0, 1], [2, 3]])
@@ -172,3 +172,33 @@ def test_signal_groups_counts_the_groups_whose_rewards_differ():
             Row("B", "rehearser", [1], [2], 0.2)]  # a group of one: no spread
     assert signal_groups(rows) == {"caller": 0.5, "rehearser": 0.0}
     assert all(a == 0 for r, a in zip(rows, role_advantages(rows), strict=True) if r.task_uid == "B")
+
+
+@pytest.mark.parametrize("name", ["role_grpo", "token_mean", "sft"])
+def test_each_algorithm_takes_the_gradient_of_its_own_formula(tiny, name):
+    """role_grpo averages each row's tokens, then the rows; token_mean (Dr. GRPO / DAPO) weighs every token of the
+    batch alike; SFT is the NLL (advantage 1). `backward` with each object against its formula, differentiated
+    directly on each row's own log-probs."""
+    from envace.training.algorithms import ALGORITHMS, SFT
+
+    model, tok = tiny
+    algorithm = SFT if name == "sft" else ALGORITHMS[name]()
+    rows = [Row("A", "caller", [1, 5, 7], [9, 11], 1.0), Row("A", "caller", [1, 5, 7], [10, 12, 13, 14, 2], 0.0)]
+    advantages = algorithm.advantages(rows) if name == "sft" else [0.5, -0.5]
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    backward(model, rows, advantages, tok.pad_token_id, algorithm=algorithm)
+    got = [p.grad.clone() for p in params]
+    model.zero_grad()
+    logps = [torch.stack(_own_logprobs(model, row)) for row in rows]
+    if name == "token_mean":
+        loss = -sum(a * lp.sum() for a, lp in zip(advantages, logps, strict=True)) / sum(len(lp) for lp in logps)
+    else:
+        loss = -sum(a * lp.mean() for a, lp in zip(advantages, logps, strict=True)) / len(rows)
+    loss.backward()
+    for g, p in zip(got, params, strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4)
+    if name == "role_grpo":  # the two formulas differ on rows of unequal length: the test tells them apart
+        model.zero_grad()
+        backward(model, rows, advantages, tok.pad_token_id, algorithm=ALGORITHMS["token_mean"]())
+        assert not all(torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4) for g, p in zip(got, params, strict=True))

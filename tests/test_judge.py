@@ -7,6 +7,7 @@ import re
 import pytest
 
 from envace.cli import main
+from envace.engine.sampler import Sampler
 from envace.envs import registry
 from envace.envs.vitabench.data import load_task
 from envace.judge import (
@@ -21,7 +22,6 @@ from envace.judge import (
     windows,
 )
 from envace.policy.backend import Generation, SamplingParams
-from envace.rehearsal.sampler import Sampler
 from envace.store import connect
 
 ROLLOUT = ["rollout", "--env", "vitabench", "--category", "delivery_solo", "--model", "tiny", "--limit", "1",

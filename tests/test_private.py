@@ -1,9 +1,9 @@
 import pytest
 
 from envace.config import PrivateOptions, RehearserOptions, RolloutConfig
+from envace.engine.build import build_engine
 from envace.errors import UsageError
 from envace.record import score
-from envace.rehearsal.build import build_engine
 from envace.rehearsal.memory import parse_memory
 
 

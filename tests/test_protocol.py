@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from envace.config import RehearserOptions, RolloutConfig
+from envace.engine.build import build_engine
 from envace.envs import example, registry
 from envace.envs.benchmark import json_error
 from envace.errors import UsageError
@@ -17,7 +18,6 @@ from envace.fidelity import real_error
 from envace.formats import parse_execution_result
 from envace.policy.scripted import ReferencePolicy
 from envace.record import score
-from envace.rehearsal.build import build_engine
 from envace.rehearsal.examples import ExampleBank
 from envace.rehearsal.rehearser import as_result
 from envace.store import SCHEMAS, Run, connect

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from envace.config import RolloutConfig
+from envace.engine.build import build_engine
+from envace.engine.prompts import ChatRenderer
 from envace.formats import strip_thinking
 from envace.policy.backend import Generation
 from envace.policy.hf import HFBackend
 from envace.policy.tiny import build_tiny_tokenizer
 from envace.policy.tokenizer import prepare_tokenizer, tool_chat_template
-from envace.rehearsal.build import build_engine
-from envace.rehearsal.prompts import ChatRenderer
 from envace.training.rows import training_rows
 
 

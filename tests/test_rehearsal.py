@@ -3,10 +3,10 @@ import json
 import pytest
 
 from envace.config import RehearserOptions, RolloutConfig
+from envace.engine.build import build_engine
 from envace.formats import parse_execution_result
 from envace.jobs import play
 from envace.record import score
-from envace.rehearsal.build import build_engine
 from envace.rehearsal.examples import ExampleBank
 from envace.store import Run, connect
 
@@ -108,7 +108,7 @@ def test_embedding_cosine_is_filled(bfcl, reference_policy):
 
 
 def test_rehearser_prompt_sections_are_switchable(bfcl, reference_policy):
-    from envace.rehearsal.prompts import Example, rehearser_prompt
+    from envace.engine.prompts import Example, rehearser_prompt
 
     task = bfcl.load_tasks("multi_turn_base", "test", limit=1)[0]
     call = task.reference[0][0].call

@@ -45,8 +45,8 @@ def test_turns_without_reference_calls_score_when_reached(bfcl):
 
 def test_task_plus_fidelity_rewards_a_faithful_rehearsal_more():
     from envace import fidelity, rewards
+    from envace.engine.episode import Generated
     from envace.policy.backend import Generation
-    from envace.rehearsal.episode import Generated
 
     real = '{"current_directory_content": ["a.txt", "b"]}'
 

@@ -1,6 +1,6 @@
 from envace.config import RolloutConfig
+from envace.engine.build import build_engine
 from envace.jobs import play
-from envace.rehearsal.build import build_engine
 
 
 def _tasks(bfcl, n, category="multi_turn_base"):
@@ -87,7 +87,7 @@ def test_group_rollouts_are_separate_episodes(bfcl, reference_policy):
 
 
 def test_compact_tool_docs_shrink_the_prompt_and_keep_every_tool(bfcl, tiny):
-    from envace.rehearsal.prompts import ChatRenderer, compact_tool
+    from envace.engine.prompts import ChatRenderer, compact_tool
 
     task = bfcl.load_tasks("multi_turn_base", "train", limit=1)[0]
     full, compact = ChatRenderer(tiny[1]), ChatRenderer(tiny[1], "compact")

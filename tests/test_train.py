@@ -90,7 +90,7 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
 
     def step_three(run):
         metrics = con.execute("SELECT role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' "
-                              "AND step = 2 AND name NOT IN ('rollout_s', 'update_s', 'step_s', 'sync_s')"  # wall times
+                              "AND step = 2 AND NOT regexp_matches(name, '_(s|t)$')"  # wall times and clocks
                               " ORDER BY role, name", [run]).fetchall()
         turns = con.execute("SELECT episode_id, role, turn, turn_step, completion_ids FROM generations "
                             "WHERE run_id = ? AND step = 2 ORDER BY episode_id, role, turn, turn_step, call_index",
@@ -394,15 +394,23 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     caller = steps[steps["role"] == "caller"].iloc[0]
     html = episode_html(steps, wb.calls("t", episode))
     assert f"advantage {caller['advantage']:+.3f}" in html
+    from html import escape
+
+    rehearsed = next(e for e in wb.episodes("t")["episode_id"] if (wb.steps("t", e)["role"] == "rehearser").any())
+    steps = wb.steps("t", rehearsed)
+    rehearsals = steps[steps["role"] == "rehearser"]
+    html = episode_html(steps, wb.calls("t", rehearsed))
+    assert all(escape(t) in html for t in rehearsals["completion_text"])  # what the rehearser wrote, word for word
+    assert 'class="caller"' in html and "white-space:pre-wrap" in html.split('class="caller"')[1].split("</pre>")[0]
 
 
 def test_sft_summariser_rows_render_the_prompt_private_rehearsal_sends(bfcl, tiny):
     """The summariser's SFT row for a turn is exactly what private rehearsal asks after one imagined attempt that
     played the reference (scripted caller and rehearser), and its target is a plain-text memory."""
     from envace.config import PrivateOptions, RolloutConfig
+    from envace.engine.build import build_engine
     from envace.formats import parse_tool_calls
     from envace.policy.scripted import ReferencePolicy
-    from envace.rehearsal.build import build_engine
 
     task = next(t for t in bfcl.load_tasks("multi_turn_base", "train", limit=10)
                 if all(s.result.content.isascii() for turn in t.reference for s in turn))

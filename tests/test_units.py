@@ -4,9 +4,9 @@ import pytest
 
 from envace import units
 from envace.config import RehearserOptions, RolloutConfig
+from envace.engine.build import build_engine
 from envace.errors import UsageError
 from envace.record import score
-from envace.rehearsal.build import build_engine
 
 
 def _long_task(bfcl):

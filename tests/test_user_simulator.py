@@ -3,11 +3,11 @@
 import pytest
 
 from envace.config import RolloutConfig
+from envace.engine.build import build_engine
 from envace.envs import registry
 from envace.envs.tau2 import load_tasks
 from envace.policy.backend import Generation
 from envace.record import score
-from envace.rehearsal.build import build_engine
 from envace.training.rows import training_rows
 from envace.types import Role
 

@@ -13,12 +13,12 @@ import time
 import pytest
 
 from envace.cli import main
+from envace.engine.prompts import ChatRenderer
 from envace.policy import vllm
 from envace.policy.backend import SamplingParams
 from envace.policy.hf import HFBackend
 from envace.policy.remote import RemoteBackend
 from envace.policy.specs import model_dir
-from envace.rehearsal.prompts import ChatRenderer
 from envace.store import connect
 
 pytestmark = pytest.mark.slow

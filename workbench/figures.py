@@ -103,6 +103,35 @@ def training_curves(metrics: pd.DataFrame, names: tuple[str, ...] = TRAINING_MET
     return fig
 
 
+def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
+    """When each GRPO step's rollouts and update ran (a bar per span, on the run's wall clock: `rollout_start_t`,
+    `update_start_t` with their durations; one lane per Ray actor), and how many steps were trained at each
+    staleness. None for runs stored without span starts."""
+    wide = metrics[metrics["role"] == "all"].pivot_table(index="step", columns="name", values="value")
+    if not {"rollout_start_t", "update_start_t", "rollout_s", "update_s"} <= set(wide.columns):
+        return None
+    t0 = min(wide["rollout_start_t"].min(), wide["update_start_t"].min())
+    actors = sorted((c for c in wide.columns if c.startswith("actor") and c.endswith("_rollout_s")),
+                    key=lambda c: int(c[5:-10]))
+    lanes = [(f"actor {c[5:-10]}", c) for c in actors] or [("actor", "rollout_s")]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
+                        subplot_titles=["spans on the wall clock (s since the first rollout)", "steps by staleness"])
+    for lane, column in [*lanes, ("learner", "update_s")]:
+        start = wide["update_start_t" if column == "update_s" else "rollout_start_t"] - t0
+        fig.add_trace(go.Bar(y=[lane] * len(wide), x=wide[column], base=start, orientation="h", name=lane,
+                             text=[f"step {k + 1}" for k in wide.index], textposition="inside",
+                             hovertemplate="%{text}: %{base:.1f} s → +%{x:.1f} s<extra>" + lane + "</extra>"),
+                      row=1, col=1)
+    if "staleness" in wide.columns:
+        counts = wide["staleness"].value_counts().sort_index()
+        fig.add_trace(go.Bar(x=counts.index.astype(int), y=counts.values, name="steps", showlegend=False),
+                      row=1, col=2)
+        fig.update_xaxes(title_text="policy versions behind", tickformat="d", dtick=1, row=1, col=2)
+    _style(fig, "Where the GRPO time went: actors and learner", "seconds", height=140 + 40 * (len(lanes) + 1))
+    fig.update_xaxes(title_text="policy versions behind", row=1, col=2)
+    return fig
+
+
 def fidelity_bars(by_tool: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",
                                                                      "error_agree")) -> go.Figure:
     """Per-tool fidelity of the rehearser against the real environment (the overall `all` row last)."""

@@ -137,10 +137,10 @@ def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int 
     """`rehearse+shadow` against `real` on the same episodes and batch, then metric throughput."""
     from envace import fidelity
     from envace.embedding import cosine
-    from envace.rehearsal.build import build_engine
-    from envace.rehearsal.episode import Pending
+    from envace.engine.build import build_engine
+    from envace.engine.episode import Pending
+    from envace.engine.sampler import Sampler
     from envace.rehearsal.rehearser import Rehearser
-    from envace.rehearsal.sampler import Sampler
 
     say = console.print if console else print
     benchmark, tasks, bank, backend = _bfcl_setup(model, limit)

@@ -1,1 +1,3 @@
-"""Acting and rehearsing: prompt rendering, the batched rollout engine, private rehearsal."""
+"""Rehearsing: the rehearser role (`rehearser.py`), its grounding examples (`examples.py`), private rehearsal
+before a committed turn (`private.py`, `memory.py`) and its sweeps (`sweep.py`). The engine that plays episodes
+is `envace.engine`."""

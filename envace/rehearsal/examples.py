@@ -9,8 +9,8 @@ protocol fields are read (`Task.tools`, `reference`, `user_turns`, the group), s
 from __future__ import annotations
 
 from envace.config import RehearserOptions
+from envace.engine.prompts import Example
 from envace.formats import render_tool_call
-from envace.rehearsal.prompts import Example
 from envace.types import Task, ToolCall, task_group
 
 

@@ -23,15 +23,15 @@ import time
 from dataclasses import replace
 
 from envace.config import PrivateOptions
+from envace.engine.episode import Episode
+from envace.engine.prompts import summariser_prompt
+from envace.engine.rollout import RolloutEngine
+from envace.engine.sampler import Sampler
+from envace.engine.worlds import RehearsedWorld
 from envace.fidelity import call_key
 from envace.formats import parse_tool_calls, strip_thinking
-from envace.rehearsal.episode import Episode
 from envace.rehearsal.memory import attempt_lines, parse_memory, transcript_memory
-from envace.rehearsal.prompts import summariser_prompt
 from envace.rehearsal.rehearser import Rehearser
-from envace.rehearsal.rollout import RolloutEngine
-from envace.rehearsal.sampler import Sampler
-from envace.rehearsal.worlds import RehearsedWorld
 from envace.types import Role
 
 

@@ -23,9 +23,9 @@ import torch
 
 from envace import record, rewards
 from envace.config import TrainConfig
+from envace.engine.build import build_engine
+from envace.engine.episode import Episode
 from envace.envs.registry import Benchmark
-from envace.rehearsal.build import build_engine
-from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
 from envace.training.budget import engine_context, row_budget
 from envace.training.served import ServedPolicy
@@ -41,6 +41,7 @@ class Played:
     scored: list[dict[str, Any]]
     real_fraction: float
     seconds: float  # the actor's wall time on this step (loading its weights included)
+    started: float = 0.0  # when the actor began this step (time.time(): the run's timeline)
     restarts: int = 0  # Ray actors that died during this step and replayed their share
     actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's own wall time on its share
 
@@ -75,7 +76,7 @@ class RolloutActor:
 
     def play(self, step: int, tasks: list) -> Played:
         """Step `step`'s episodes (G per task), scored, rewards shared, each generation stamped with the version."""
-        cfg, started = self.cfg, time.perf_counter()
+        cfg, started, clock = self.cfg, time.perf_counter(), time.time()
         self.generator.eval()
         self.backend.clear_caches()  # cached keys and values belong to the weights before the last update
         rollout = cfg.rollout_at(step, self.rank)
@@ -90,4 +91,5 @@ class RolloutActor:
                 rewards.add_fidelity(ep.generations, ep.pairs, cfg.fidelity_weight)
             for g in ep.generations:
                 g.policy_version = self.version
-        return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started)
+        return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started,
+                      clock)

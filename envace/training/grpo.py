@@ -59,6 +59,32 @@ def role_advantages(rows: list[Row], scale_by_std: bool = False) -> list[float]:
     return advantages
 
 
+@dataclass(frozen=True)
+class RoleWiseGRPO:
+    """The update's maths as an object (the seam `algorithms.py` fills with others): the advantages of a batch's
+    groups, and what each row's tokens weigh in the loss of rows,
+
+        L = − 1/N Σ_i A_i · c_i · Σ_t w_i,t · log π(c_i,t | p_i, c_i,<t)        (`policy_loss`)
+
+    with A_i · c_i = `weight(row_i, A_i)` and N = `normaliser(rows, processes)`. Role-wise GRPO, as the reference:
+    A = `role_advantages`, c_i = 1/|c_i| (a token mean per sequence), N = the batch's rows on every process."""
+
+    scale_by_std: bool = False
+
+    def advantages(self, rows: list[Row]) -> list[float]:
+        return role_advantages(rows, self.scale_by_std)
+
+    def weight(self, row: Row, advantage: float) -> float:
+        """A_i · c_i: what each of the row's completion tokens weighs."""
+        return advantage / max(len(row.completion_ids), 1)
+
+    def normaliser(self, rows: list[Row], processes=None) -> float:
+        return processes.total(len(rows)) if processes else len(rows)
+
+
+ROLE_WISE = RoleWiseGRPO()
+
+
 def signal_groups(rows: list[Row]) -> dict[str, float]:
     """Per role: the share of its (task, role) groups whose rewards are not all equal.
 
@@ -74,9 +100,10 @@ def signal_groups(rows: list[Row]) -> dict[str, float]:
     return {role: sum(flags) / len(flags) for role, flags in out.items()}
 
 
-def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], advantages: list[float], total_rows: int,
+def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], weights: list[float], normaliser: float,
                 importance_cap: float | None = None) -> tuple[torch.Tensor, dict]:
-    """L = − 1/N Σ_i A_i · (1/|c_i|) Σ_t w_i,t · log π(c_i,t | p_i, c_i,<t), this pack's share of the N rows.
+    """L = − 1/N Σ_i A_i · c_i · Σ_t w_i,t · log π(c_i,t | p_i, c_i,<t), this pack's share of the rows; `weights`
+    holds each row's A_i · c_i (`RoleWiseGRPO`: c_i = 1/|c_i|, N the rows).
 
     One optimiser step per batch keeps the policy on-policy, so the PPO ratio is 1 and clipping never
     acts: this is exactly REINFORCE with the role-wise baseline, with a token mean per sequence, and
@@ -89,8 +116,7 @@ def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], advantages:
     device = forwarded.logp.device
     node = torch.tensor(pk.entry_node, dtype=torch.long, device=device)
     logp = forwarded.logp[node]
-    weight = torch.tensor([advantages[r] / max(len(rows[r].completion_ids), 1) for r in pk.entry_row],
-                          dtype=logp.dtype, device=device)
+    weight = torch.tensor([weights[r] for r in pk.entry_row], dtype=logp.dtype, device=device)
     behaviour = torch.tensor([b[t] if (b := rows[r].behaviour) is not None and len(b) == len(rows[r].completion_ids)
                               else float("nan") for r, t in zip(pk.entry_row, pk.entry_token, strict=True)],
                              dtype=logp.dtype, device=device)
@@ -99,7 +125,7 @@ def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], advantages:
     tis = torch.ones_like(logp)
     if importance_cap is not None:
         tis = torch.where(sampled, delta.exp().clamp(max=importance_cap), 1.0)
-    loss = -(weight * tis * logp).sum() / total_rows
+    loss = -(weight * tis * logp).sum() / normaliser
     stats = {"entropy_sum": forwarded.entropy[node].sum().item(), "tokens": len(pk.entry_node),
              "behaviour_tokens": int(sampled.sum().item()), "logprob_gap_sum": delta.abs().sum().item(),
              "kl_sum": torch.where(sampled, delta.exp() - 1 - delta, 0.0).sum().item()}
@@ -109,7 +135,7 @@ def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], advantages:
 _SUMS = ("loss", "entropy_sum", "tokens", "behaviour_tokens", "logprob_gap_sum", "kl_sum")
 
 
-def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows: int, importance_cap,
+def _run(model, ops: list, rows: list[Row], weights: list[float], normaliser: int, importance_cap,
          chunk: int, sums: dict, tree_attention: str = "dense") -> bool:
     """Forward and back-propagate `ops` in order (a deferred segment's backward waits for its `Restore`), adding
     each pack's statistics into `sums`; False if any loss was not finite. Under `torch.no_grad()`: forward only."""
@@ -124,7 +150,7 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
                 fwd.restore(loss, recorded, own)
             continue
         forwarded = fwd.forward(model, op, leaves, chunk, tree_attention)
-        loss, stats = policy_loss(forwarded, op, rows, advantages, total_rows, importance_cap)
+        loss, stats = policy_loss(forwarded, op, rows, weights, normaliser, importance_cap)
         finite = finite and bool(torch.isfinite(loss))
         sums["loss"] += loss.item()
         for k in _SUMS[1:]:
@@ -141,34 +167,34 @@ def _run(model, ops: list, rows: list[Row], advantages: list[float], total_rows:
     return finite
 
 
-def _passes(model, rows: list[Row], advantages: list[float], total_rows: int, processes, importance_cap,
+def _passes(model, rows: list[Row], weights: list[float], normaliser: int, processes, importance_cap,
             packing: str, max_pack_tokens: int | None, chunk: int, pad_id: int, sums: dict,
             tree_attention: str = "dense") -> bool:
     """Every op of `rows` (see `backward`); under FSDP one pack per pass, as many passes as the busiest process."""
     fsdp = bool(processes and processes.fsdp)
     ops = build(rows, packing, max_pack_tokens, recompute=fsdp)
     if not fsdp:
-        return _run(model, ops, rows, advantages, total_rows, importance_cap, chunk, sums, tree_attention)
+        return _run(model, ops, rows, weights, normaliser, importance_cap, chunk, sums, tree_attention)
     idle = ([sequence_pack([pad_id, pad_id], [(0, 1, 1)])], [Row("", "", [pad_id], [pad_id], 0.0)], [0.0])
     passes, finite = processes.passes(len(ops)), True
     for i in range(passes):
         processes.gradient_sync(model, last=i == passes - 1)
         if i < len(ops):
-            finite = _run(model, [ops[i]], rows, advantages, total_rows, importance_cap, chunk, sums,
+            finite = _run(model, [ops[i]], rows, weights, normaliser, importance_cap, chunk, sums,
                           tree_attention) and finite
         else:  # an idle pass: advantage 0, no gradient, but the collectives of a forward and a backward
-            _run(model, *idle, total_rows, None, chunk, dict.fromkeys(sums, 0))
+            _run(model, *idle, normaliser, None, chunk, dict.fromkeys(sums, 0))
     return finite
 
 
-def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total_rows: int | None = None,
+def backward(model, rows: list[Row], advantages: list[float], pad_id: int, normaliser: float | None = None,
              processes=None, importance_cap: float | None = None, packing: str = "tree",
              max_pack_tokens: int | None = None, flat_row_metrics: bool = False, chunk: int = 256,
-             skip_flat: bool = True, tree_attention: str = "auto") -> dict:
+             skip_flat: bool = True, tree_attention: str = "auto", algorithm: RoleWiseGRPO = ROLE_WISE) -> dict:
     """Accumulate the gradient of `policy_loss` over the whole batch, one pack (`packing`) per forward pass.
 
     A row with advantage exactly 0 (or no completion) adds nothing to the gradient and is not back-propagated
-    (the loss keeps its normalisation by all `total_rows`: the rows of every process); `flat_row_metrics`
+    (the loss keeps its normaliser N, by default `algorithm.normaliser`: every process's rows); `flat_row_metrics`
     forwards those rows without gradient for the entropy and the log-prob gap (`skip_flat = False`
     back-propagates them anyway, at their full cost: how the update ran before, for benchmarks). Every pass
     back-propagates, even a non-finite one (the caller then skips the update). Under FSDP every process runs
@@ -179,21 +205,22 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
     """
     if packing == "tree":
         flex_tree.check(tree_attention, next(model.parameters()).device, grad=torch.is_grad_enabled())
-    total_rows = total_rows or len(rows)
+    normaliser = normaliser or algorithm.normaliser(rows)  # N of `policy_loss` (every process's, when given)
+    weights = [algorithm.weight(r, a) for r, a in zip(rows, advantages, strict=True)]  # A_i · c_i
     moves = [(a != 0.0 and bool(r.completion_ids)) or not skip_flat for r, a in zip(rows, advantages, strict=True)]
     trained = [i for i, m in enumerate(moves) if m]
     flat = [i for i, m in enumerate(moves) if not m]
     sums = dict.fromkeys((*_SUMS, "passes", "forward_tokens", "recomputed_tokens", "tree_attention_flex_packs"), 0)
     with fwd.tree_attention_on(model) if packing == "tree" else nullcontext():
-        finite = _passes(model, [rows[i] for i in trained], [advantages[i] for i in trained], total_rows, processes,
+        finite = _passes(model, [rows[i] for i in trained], [weights[i] for i in trained], normaliser, processes,
                          importance_cap, packing, max_pack_tokens, chunk, pad_id, sums, tree_attention)
         metrics = dict.fromkeys(sums, 0)
         if flat_row_metrics and (flat or processes and processes.fsdp):
             with torch.no_grad():
-                _passes(model, [rows[i] for i in flat], [0.0] * len(flat), total_rows, processes, None, packing,
+                _passes(model, [rows[i] for i in flat], [0.0] * len(flat), normaliser, processes, None, packing,
                         max_pack_tokens, chunk, pad_id, metrics, tree_attention)
     tokens = sums["tokens"] + metrics["tokens"]
-    out = {"loss": sums["loss"] * total_rows / max(len(rows), 1), "tokens": sums["tokens"],
+    out = {"loss": sums["loss"] * normaliser / max(len(rows), 1), "tokens": sums["tokens"],
            "entropy": (sums["entropy_sum"] + metrics["entropy_sum"]) / max(tokens, 1),
            "packs": sums["passes"], "forward_tokens": sums["forward_tokens"],
            "recomputed_tokens": sums["recomputed_tokens"],
@@ -209,7 +236,7 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, total
 def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id: int,
               max_grad_norm: float = 1.0, processes=None, importance_cap: float | None = None,
               packing: str = "tree", max_pack_tokens: int | None = None, flat_row_metrics: bool = False,
-              skip_flat: bool = True, tree_attention: str = "auto") -> dict:
+              skip_flat: bool = True, tree_attention: str = "auto", algorithm: RoleWiseGRPO = ROLE_WISE) -> dict:
     """One on-policy update with `role_advantages(rows)`. A non-finite loss or gradient skips the step, and so
     does a batch whose every advantage is 0 (nothing back-propagated on any process: no weight moves, the
     optimiser's moments included).
@@ -219,9 +246,9 @@ def grpo_step(model, optimizer, rows: list[Row], advantages: list[float], pad_id
     by the global norm). `tree_attention`: a tree pack's attention kernel (`backward`).
     """
     optimizer.zero_grad(set_to_none=True)
-    total = int(processes.total(len(rows))) if processes else len(rows)
+    total = algorithm.normaliser(rows, processes)
     stats = backward(model, rows, advantages, pad_id, total, processes, importance_cap, packing, max_pack_tokens,
-                     flat_row_metrics, skip_flat=skip_flat, tree_attention=tree_attention)
+                     flat_row_metrics, skip_flat=skip_flat, tree_attention=tree_attention, algorithm=algorithm)
     adv = torch.tensor(advantages)
     adv_stats = {"adv_mean": adv.mean().item() if len(adv) else 0.0,
                  "adv_std": adv.std().item() if len(adv) > 1 else 0.0}

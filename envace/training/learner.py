@@ -1,6 +1,6 @@
 """The learner: the trained weights, their optimiser, and the update on rows the actors played.
 
-    update(rows, A):  one role-wise GRPO step (`grpo.grpo_step`) on this process's share of the rows
+    update(rows, A):  one GRPO step (`grpo.grpo_step`, the config's `algorithms.of`) on this process's rows
     weights():        the trainable weights whole (LoRA's adapters, or every weight): the version to publish
     state() / load(): weights and optimiser state for `state.pt` (gathered on process 0 under ZeRO-1 / FSDP)
 
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
+from envace.training import algorithms
 from envace.training.distributed import Processes
 from envace.training.grpo import Row, grpo_step
 
@@ -36,7 +37,7 @@ class Learner:
         return grpo_step(self.model, self.optimizer, rows, advantages, self.pad_id, processes=self.procs,
                          importance_cap=cfg.vllm_importance_cap, packing=cfg.packing,
                          max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics,
-                         tree_attention=cfg.tree_attention)
+                         tree_attention=cfg.tree_attention, algorithm=algorithms.of(cfg))
 
     def weights(self) -> dict[str, torch.Tensor] | None:
         """A copy of the trainable weights, whole, on process 0 (every process must call under FSDP)."""

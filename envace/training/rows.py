@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from envace.config import RehearserOptions, RolloutConfig
+from envace.engine.build import build_engine
+from envace.engine.episode import Episode, Generated
+from envace.engine.prompts import reference_memory, reference_transcript, summariser_prompt
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.scripted import ReferencePolicy
-from envace.rehearsal.build import build_engine
-from envace.rehearsal.episode import Episode, Generated
-from envace.rehearsal.prompts import reference_memory, reference_transcript, summariser_prompt
 from envace.training.grpo import Row
 from envace.types import Task
 

@@ -6,7 +6,7 @@
         tasks = sample(train tasks, seed, k)                          # nothing random carries over steps
         episodes = G rollouts per task in the rehearsed world         # `actor.RolloutActor.play`
         reward = checklist of each episode, shared by both roles      # `record.score`, `rewards.share`
-        A = reward − mean over the same (task, role)                  # `grpo.role_advantages`
+        A = reward − mean over the same (task, role)                  # `algorithms.of(cfg).advantages`
         one update on every generation of the trained roles           # `grpo.grpo_step`
         store the advantages on the very generations, and every table # `record.write_step`
         push the weights to vLLM servers, when they generate          # `served.ServedPolicy.sync`
@@ -45,21 +45,22 @@ import torch
 
 from envace import ledger, record, rewards, units
 from envace.config import TrainConfig
+from envace.engine.build import build_engine
+from envace.engine.episode import Episode
 from envace.envs import registry
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, enable_checkpointing, load_policy
-from envace.rehearsal.build import build_engine
-from envace.rehearsal.episode import Episode
 from envace.rehearsal.examples import ExampleBank
 from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
+from envace.training import algorithms
 from envace.training.actor import Played, RolloutActor
 from envace.training.budget import fitting, fitting_pool, row_budget
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
-from envace.training.grpo import Row, backward, role_advantages, signal_groups
+from envace.training.grpo import Row, backward, signal_groups
 from envace.training.learner import Learner
 from envace.training.packing.chain import chains
 from envace.training.packing.tree import check_budget
@@ -234,8 +235,8 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
 
 def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
          log: Callable[[int, dict[str, float]], None], say: Callable[[str], None]) -> dict[str, float]:
-    """Supervised warm-up on reference rows: every advantage 1 turns the policy loss into the NLL; `log(step,
-    values)` records each step's (process 0 calls it)."""
+    """Supervised warm-up on reference rows (`algorithms.SFT`: every advantage 1 turns the loss into the NLL);
+    `log(step, values)` records each step's (process 0 calls it)."""
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
     packs, step, started, nll = chains(rows), 0, time.perf_counter(), {}  # an episode's caller rows stay together
     epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
@@ -247,9 +248,10 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
         for chunk in chunks:
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
             optimizer.zero_grad(set_to_none=True)
-            stats = backward(model, batch, [1.0] * len(batch), pad, total_rows=sum(len(pk) for pk in chunk),
-                             processes=procs, packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens,
-                             tree_attention=cfg.tree_attention)
+            stats = backward(model, batch, algorithms.SFT.advantages(batch), pad,
+                             normaliser=sum(len(pk) for pk in chunk), processes=procs, packing=cfg.packing,
+                             max_pack_tokens=cfg.max_pack_tokens, tree_attention=cfg.tree_attention,
+                             algorithm=algorithms.SFT)
             params = [p for p in model.parameters() if p.requires_grad]
             if procs.sum_gradients(params, stats["finite"]):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -300,7 +302,7 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
     `max_staleness` the actor takes published versions itself, and a step's wall time runs from `since`, the
     end of the previous update). A step sampled more than `max_staleness` versions ago is dropped and
     counted, never trained on (None)."""
-    cfg, step, started = s.cfg, played.step, time.perf_counter()
+    cfg, step, started, clock = s.cfg, played.step, time.perf_counter(), time.time()
     staleness = step - played.version
     if staleness > cfg.max_staleness:  # counted in the store, never trained on
         s.say(f"GRPO step {step + 1}: sampled by policy version {played.version}, {staleness} behind: dropped")
@@ -310,7 +312,7 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
         return None
     budget = row_budget(cfg)
     generations, rows = training_rows(played.episodes, cfg.trained_roles)
-    advantages = role_advantages(rows, cfg.scale_by_std)  # over every row: an over-budget one's reward counts
+    advantages = algorithms.of(cfg).advantages(rows)  # over every row: an over-budget one's reward counts
     packed = fitting(rows, budget)
     if len(packed) < len(rows):
         s.say(f"  warning: {len(rows) - len(packed)} row(s) over max_pack_tokens = {budget} left out of the update")
@@ -322,7 +324,7 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
         if s.served is not None:  # the servers generate the next step with the weights just updated
             stats["sync_s"] = _sync(s, s.served)
     stats.update(rollout_s=played.seconds, update_s=update_s, policy_version=played.version, staleness=staleness,
-                 **(timings or {}))
+                 rollout_start_t=played.started, update_start_t=clock, **(timings or {}))  # the app's timeline
     if played.actor_seconds:  # Ray's actors: each one's share of the rollout, and how many died on it
         stats.update(actor_restarts=played.restarts,
                      **{f"actor{i}_rollout_s": t for i, t in enumerate(played.actor_seconds)})

@@ -52,7 +52,7 @@ class RemoteActors:
 
     def play(self, step: int, tasks: list) -> Played:
         """Every actor plays tasks[i::n]; the groups come back in the order of `tasks`, as one process plays them."""
-        started, restarts, n = time.perf_counter(), self.restarts, len(self.handles)
+        started, clock, restarts, n = time.perf_counter(), time.time(), self.restarts, len(self.handles)
         busy = [i for i in range(n) if tasks[i::n]]
         shares = dict(zip(busy, self._each(busy, lambda h, i: h.play.remote(step, tasks[i::n], self.version)),
                           strict=True))
@@ -63,7 +63,8 @@ class RemoteActors:
             episodes += part.episodes[at: at + size]
             scored += part.scored[at: at + size]
         return Played(step, self.version, episodes, scored, shares[busy[0]].real_fraction,
-                      time.perf_counter() - started, self.restarts - restarts, [shares[i].seconds for i in busy])
+                      time.perf_counter() - started, clock, self.restarts - restarts,
+                      [shares[i].seconds for i in busy])
 
     def evaluate(self, updates: int) -> tuple[list, list]:
         n = len(self.handles)
@@ -136,21 +137,28 @@ class RemoteLearner:
         self._all("load", ray.put(state))
 
 
-def _start(cfg: TrainConfig, placement: Placement, run: Run) -> tuple[list, list]:
-    """The learner ranks and the actors, each in its bundle; actors are named `<run>-actor-<i>` (namespace envace)."""
+def _ranks(cfg: TrainConfig, placement: Placement) -> list:
     import ray
 
-    from envace.training.cluster.workers import ActorWorker, LearnerRank
+    from envace.training.cluster.workers import LearnerRank
 
     rc = cfg.ray
-    ranks = [ray.remote(LearnerRank).options(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus,
-                                             scheduling_strategy=placement.learner(r)).remote(cfg, r, rc.learners)
-             for r in range(rc.learners)]
-    actors = [ray.remote(ActorWorker).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus,
-                                              max_restarts=rc.max_restarts, name=f"{run.run_id}-actor-{i}",
-                                              namespace="envace", scheduling_strategy=placement.actor(i))
-              .remote(cfg, i) for i in range(rc.actors)]
-    return ranks, actors
+    return [ray.remote(LearnerRank).options(num_cpus=rc.learner_cpus, num_gpus=rc.learner_gpus,
+                                            scheduling_strategy=placement.learner(r)).remote(cfg, r, rc.learners)
+            for r in range(rc.learners)]
+
+
+def _actors(cfg: TrainConfig, placement: Placement, run: Run) -> list:
+    """The actors, each in its bundle, named `<run>-actor-<i>` (namespace envace); `cfg` with its budgets resolved."""
+    import ray
+
+    from envace.training.cluster.workers import ActorWorker
+
+    rc = cfg.ray
+    return [ray.remote(ActorWorker).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus,
+                                            max_restarts=rc.max_restarts, name=f"{run.run_id}-actor-{i}",
+                                            namespace="envace", scheduling_strategy=placement.actor(i))
+            .remote(cfg, i) for i in range(rc.actors)]
 
 
 def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume: bool) -> dict[str, Any]:
@@ -163,9 +171,10 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
     placement, ranks, actors = None, [], []
     try:
         placement = place(cfg.ray)
-        ranks, actors = _start(cfg, placement, run)
+        ranks = _ranks(cfg, placement)
         host, port = ray.get(ranks[0].endpoint.remote())
-        cfg, pool = ray.get([r.join.remote(host, port) for r in ranks])[0]
+        cfg, pool = ray.get([r.join.remote(host, port) for r in ranks])[0]  # `auto` budgets resolved on rank 0
+        actors = _actors(cfg, placement, run)
         nodes = {}  # Ray node id → a short name, in order of appearance
         named = [nodes.setdefault(node, f"node {len(nodes)} ({node[:8]})")
                  for node, _ in ray.get([h.where.remote() for h in actors + ranks])]

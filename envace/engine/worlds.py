@@ -26,13 +26,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from envace import fidelity
+from envace.engine.episode import Episode, Pending
+from envace.engine.prompts import ChatRenderer
+from envace.engine.sampler import Sampler
 from envace.envs.benchmark import json_error
 from envace.envs.validate import check_call
 from envace.formats import parse_tool_calls, strip_thinking
-from envace.rehearsal.episode import Episode, Pending
-from envace.rehearsal.prompts import ChatRenderer
 from envace.rehearsal.rehearser import Rehearsal, Rehearser
-from envace.rehearsal.sampler import Sampler
 from envace.types import ToolResult
 
 

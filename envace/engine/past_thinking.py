@@ -14,8 +14,8 @@ sampled from.
 
 from __future__ import annotations
 
-from envace.rehearsal.episode import Episode
-from envace.rehearsal.prompts import ChatRenderer
+from envace.engine.episode import Episode
+from envace.engine.prompts import ChatRenderer
 
 
 def drop_past_thinking(ep: Episode, renderer: ChatRenderer) -> None:

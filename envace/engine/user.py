@@ -11,11 +11,11 @@ never trained.
 
 from __future__ import annotations
 
+from envace.engine.episode import Episode
+from envace.engine.prompts import ChatRenderer
+from envace.engine.sampler import Sampler
 from envace.formats import parse_tool_calls, strip_thinking
 from envace.policy.backend import Backend
-from envace.rehearsal.episode import Episode
-from envace.rehearsal.prompts import ChatRenderer
-from envace.rehearsal.sampler import Sampler
 from envace.types import Role
 
 

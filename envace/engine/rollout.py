@@ -32,16 +32,16 @@ from dataclasses import replace
 from typing import Protocol
 
 from envace.config import RolloutConfig
+from envace.engine.episode import Episode, Pending
+from envace.engine.past_thinking import drop_past_thinking
+from envace.engine.prompts import ChatRenderer
+from envace.engine.sampler import Sampler
+from envace.engine.user import UserSimulator
+from envace.engine.worlds import Answer, World
 from envace.envs.registry import Benchmark
 from envace.formats import parse_tool_calls, render_tool_call, strip_thinking
 from envace.policy.backend import Generation
-from envace.rehearsal.episode import Episode, Pending
 from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.past_thinking import drop_past_thinking
-from envace.rehearsal.prompts import ChatRenderer
-from envace.rehearsal.sampler import Sampler
-from envace.rehearsal.user import UserSimulator
-from envace.rehearsal.worlds import Answer, World
 from envace.types import Role, Task, ToolCall
 
 # Rehearsed answers that refuse a call or fail to answer it (`rehearser.as_result`'s error kinds).
