@@ -13,7 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from apps import dashboards, inspector, launcher
-from apps.common import percent, score, shown_errors
+from apps.common import linked, percent, score, shown_errors
 from apps.render import empty_state, warnings_md
 from workbench import Workbench
 
@@ -44,7 +44,14 @@ def run_table(wb: Workbench) -> pd.DataFrame:
 RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
                "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
-_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs"}
+_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity"}
+
+
+def tab_of(wb: Workbench, run_id: str, kind: str) -> str:
+    """The tab that shows a run best: its kind's, a private-rehearsal evaluation's own tab, else the Inspector."""
+    if kind in _OPENS:
+        return _OPENS[kind]
+    return "rehearsal" if run_id in wb.runs_with("memories") else "inspector"
 
 
 def build(root: str | Path = "runs", experiments: str | Path = "experiments",
@@ -55,6 +62,7 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
         gr.Markdown(f"## EnvACE Workbench · `{wb.root}`")
         with gr.Tabs() as tabs:
             with gr.Tab("Runs", id="runs"):
+                link_note = gr.Markdown(elem_id="link-note")
                 empty = gr.Markdown(elem_id="empty-state")
                 warnings = gr.Markdown(elem_id="store-warnings")
                 runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False,
@@ -65,9 +73,9 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             with gr.Tab("Inspector", id="inspector"):
                 inspected = inspector.build(app, wb, timer)
             with gr.Tab("Fidelity", id="fidelity") as tab:
-                dashboards.fidelity_tab(app, wb, timer, tab)
+                measured = dashboards.fidelity_tab(app, wb, timer, tab)
             with gr.Tab("Private rehearsal", id="rehearsal") as tab:
-                swept = dashboards.rehearsal_tab(app, wb, timer, tab)
+                swept, rehearsed = dashboards.rehearsal_tab(app, wb, timer, tab)
             with gr.Tab("Training", id="training") as tab:
                 trained = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch"):
@@ -81,15 +89,29 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):
             run_id, kind = frame.iloc[evt.index[0]]["run"], frame.iloc[evt.index[0]]["kind"]
-            tab = _OPENS.get(kind, "inspector")
+            tab = tab_of(wb, run_id, kind)
             suite = gr.Dataframe(value=wb.suite(run_id), visible=True) if kind == "suite" else \
                 gr.Dataframe(visible=False)
             return (gr.Tabs(selected=tab), run_id if tab == "inspector" else gr.skip(),
-                    [run_id] if tab == "training" else gr.skip(), run_id if tab == "rehearsal" else gr.skip(), suite)
+                    [run_id] if tab == "training" else gr.skip(), run_id if tab == "fidelity" else gr.skip(),
+                    run_id if kind == "sweep" else gr.skip(),
+                    run_id if tab == "rehearsal" and kind != "sweep" else gr.skip(), suite)
 
+        def follow_link(request: gr.Request):
+            """`?run=NAME` opens the tab of the run's kind (an unknown name says so); `&episode=ID` that episode."""
+            run_id = linked(request)
+            if run_id is None:
+                return gr.skip(), ""
+            kinds = dict(zip(wb.runs()["run_id"], wb.runs()["kind"], strict=True))
+            if run_id not in kinds:
+                return gr.Tabs(selected="runs"), (f"**No run named `{run_id}` in `{wb.root}`.** The link may point "
+                                                  "to another store; the runs this one holds are listed below.")
+            return gr.Tabs(selected=tab_of(wb, run_id, kinds[run_id])), ""
+
+        app.load(follow_link, None, [tabs, link_note])
         # re-read the store on every tick: the tabs see new shards by their next query
         gr.on([app.load, timer.tick], refresh, None, [empty, warnings, runs])
-        runs.select(open_run, runs, [tabs, inspected, trained, swept, suite_table])
+        runs.select(open_run, runs, [tabs, inspected, trained, measured, swept, rehearsed, suite_table])
     return app
 
 

@@ -45,6 +45,12 @@ def run_choices(runs: Any, kinds: tuple[str, ...] | None = None, having: set[str
             if (kinds is None or kind in kinds) and (having is None or r in having)]
 
 
+def linked(request: gr.Request | None, key: str = "run") -> str | None:
+    """`?run=NAME` (or `?episode=ID`) in the page's address: what a shared link opens first."""
+    value = request.query_params.get(key) if request is not None else None
+    return value or None
+
+
 def keep_choice(choices: list[str], current: Any, multiselect: bool = False) -> gr.Dropdown:
     """New choices for a run picker, keeping the user's pick while it is still there (else the newest)."""
     if multiselect:

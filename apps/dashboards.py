@@ -8,7 +8,7 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, keep_choice, rounded, run_choices, shown_errors
+from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
 from envace import world_model
 from workbench import Workbench, figures
 
@@ -47,8 +47,8 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                 figures.calibration(wb.calibration(scoped)), gr.Plot(value=over, visible=is_train),
                 gr.Dataframe(value=_intervals(wb.world_model(scoped)) if measured else None, visible=measured))
 
-    def choices(current):
-        return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
+    def choices(current, request: gr.Request):
+        return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current or linked(request))
 
     gr.on([app.load, timer.tick], choices, run, run)
     gr.on([app.load, tab.select, run.change], draw, run,
@@ -65,7 +65,8 @@ def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
                          **{world_model.LABELS[m]: c for m, c in cells.items()}})
 
 
-def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
+def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
+                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown]:
     gr.Markdown("Success against the number of privately imagined attempts N (`envace sweep`); dotted: "
                 "private-rehearsal tokens per episode on the second axis.")
     note = gr.Markdown(elem_id="rehearsal-note")
@@ -101,16 +102,16 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -
         return (detail["imagined"], row["memory"] or f"(no memory: {row['memory_error']})",
                 first["completion_text"].iloc[0] if len(first) else "")
 
-    def choices(current_sweep, current_run):
-        return (keep_choice(run_choices(wb.runs(), having=wb.runs_with("sweep")), current_sweep),
-                keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run))
+    def choices(current_sweep, current_run, request: gr.Request):
+        return (keep_choice(run_choices(wb.runs(), having=wb.runs_with("sweep")), current_sweep or linked(request)),
+                keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run or linked(request)))
 
     gr.on([app.load, timer.tick], choices, [sweep, run], [sweep, run])
     gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed])
-    return sweep
+    return sweep, run
 
 
 def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
@@ -140,8 +141,9 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
         return "", figures.training_curves(long, names, smoothing), spans, rounded(table.reset_index(), 4)
 
-    def choices(current):
-        return keep_choice(run_choices(wb.runs(), kinds=("train",)), current, multiselect=True)
+    def choices(current, request: gr.Request):
+        wanted = current or ([linked(request)] if linked(request) else None)
+        return keep_choice(run_choices(wb.runs(), kinds=("train",)), wanted, multiselect=True)
 
     def follow(run_ids, phase, smoothing):
         # only runs still writing get new points; redrawing finished ones would reset the zoom

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, keep_choice, rounded, run_choices, shown_errors
+from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
 from apps.render import episode_html, tokens_html
 from workbench import Workbench
 
@@ -51,7 +51,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     view = gr.HTML(elem_id="inspector-view")
 
     @shown_errors
-    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order):
+    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order, request: gr.Request):
         if not run_id:
             return pd.DataFrame(columns=EPISODE_COLUMNS), gr.Dropdown(choices=[], value=None)
         frame = wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
@@ -59,7 +59,9 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
                             fidelity=None if bucket == _ANY else bucket,
                             error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first")
         ids = list(frame["episode_id"])
-        return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=ids[0] if ids else None)
+        wanted = linked(request, "episode") if run_id == linked(request) else None  # `?run=R&episode=E`
+        return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=wanted if wanted in ids else
+                                                            (ids[0] if ids else None))
 
     @shown_errors
     def show(run_id, episode_id, roles, tokens):
@@ -99,7 +101,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
 
     def runs_with_episodes(current, request: gr.Request):
         # `?run=NAME` in the page's address opens that run first: a link to a run can be shared
-        wanted = current or request.query_params.get("run")
+        wanted = current or linked(request)
         choices = run_choices(wb.runs(), having=wb.runs_with("episodes"))
         return keep_choice(choices, wanted), "" if choices else empty_note("episodes", "episodes")
 

@@ -137,6 +137,30 @@ def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
     assert shot.stat().st_size > 10_000
 
 
+def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, browser, store):
+    """`?run=` opens the tab that shows the run (a training run: Training), `&episode=` that episode in the
+    Inspector, and a name the store does not hold says so instead of falling back to another run."""
+    from urllib.parse import quote
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from workbench import Workbench
+
+    wait = WebDriverWait(browser, 60)
+    selected = (By.XPATH, "//button[@role='tab' and @aria-selected='true']")
+    browser.get(app_url + "?run=trained")
+    wait.until(lambda d: "Training" in d.find_element(*selected).text)
+    wait.until(lambda d: "trained" in d.find_element(By.ID, "training-runs").text)
+    browser.get(app_url + "?run=no-such-run")
+    note = (By.ID, "link-note")  # words joined: the run's name is set as code
+    wait.until(lambda d: "No run named no-such-run in" in " ".join(d.find_element(*note).text.split()))
+    worst = Workbench(store).episodes("scripted", worst_first=True)["episode_id"].iloc[0]
+    browser.get(app_url + f"?run=scripted&episode={quote(worst)}")  # quoted: an episode id holds #
+    wait.until(lambda d: "Inspector" in d.find_element(*selected).text)
+    wait.until(lambda d: "invented_by_rehearser" in d.find_element(By.ID, "inspector-view").text)  # that episode
+
+
 def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
