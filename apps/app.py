@@ -44,7 +44,7 @@ def run_table(wb: Workbench) -> pd.DataFrame:
 RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
                "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
-_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity"}
+_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity", "study": "runs"}
 
 
 def tab_of(wb: Workbench, run_id: str, kind: str) -> str:

@@ -340,8 +340,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                       f"{r['checklist']:.3f}", f"{r['well_formed_rate']:.1%}",
                       f"{r['private_tokens_per_episode']:.0f}", f"{r['wall_s_per_episode']:.0f}")
     console.print(table)
+    _print_against_none(console, table_run, models, modes, budgets)
     console.print(f"table: {table_run.path / 'sweep.csv'}")
     return 0
+
+
+def _print_against_none(console, table_run, models: dict[str, str], modes: list[str], budgets: list[int]) -> None:
+    """Each N > 0 cell against its model's N = 0 cell, paired by turn, Holm-adjusted over the table."""
+    from rich.table import Table
+
+    from envace import compare
+    from envace.rehearsal import sweep
+    from envace.store import connect
+
+    frame, caption = compare.with_holm(sweep.against_none(connect(table_run.path.parent), [table_run.run_id],
+                                                          list(models), modes, budgets))
+    if frame.empty:
+        return
+    shown = [c for c in frame.columns if not str(c).startswith("_") and c not in ("vs", "Δ per seed")]
+    table = Table(*shown, title="against N = 0, paired by turn (95% interval resampled by task)", caption=caption)
+    for r in frame[shown].itertuples(index=False):
+        table.add_row(*(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r))
+    console.print(table)
 
 
 # -- train -------------------------------------------------------------------------------------------------
@@ -387,6 +407,17 @@ def cmd_train(args: argparse.Namespace) -> int:
             f" --env {shlex.quote(cfg.rollout.env)} --category {shlex.quote(cfg.rollout.category)}"
         console.print(f"next: envace eval {summary['checkpoint']}{env} --limit 4{_root_hint(args)}", markup=False,
                       soft_wrap=True)
+    return 0
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """`envace study FILE`: every stage not done yet, then the report (`envace/study`)."""
+    from envace.study import study_job
+
+    console = _console()
+    run, report = study_job(args.config, runs_root(args.root), args.name, _LiveReporter(console))
+    console.print(report.read_text(), markup=False, soft_wrap=True)
+    console.print(f"next: envace app{_root_hint(args)}  (the study's runs: {run.run_id}-*)", markup=False)
     return 0
 
 
@@ -914,6 +945,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="place rollout actors and learner ranks with Ray (`[train.ray]` sizes them): alone, on a Ray "
                         "started on this machine; with ADDRESS (auto, HOST:PORT), on that running cluster")
     p.set_defaults(func=cmd_train)
+
+    p = _with_root(sub.add_parser("study", help="the controlled study as one resumable command: SFT per seed, a "
+                                                "screened pool SFT never saw, the arms and both controls, every test "
+                                                "turn, the world model, private rehearsal, one report"))
+    p.add_argument("config", help="TOML file with [study], [rollout] (the evaluation) and [train] (the recipe)")
+    p.add_argument("--name", default=None, help="the study's run and its stages' prefix (default: the file's name)")
+    p.set_defaults(func=cmd_study)
 
     _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
     _serve_command(sub)

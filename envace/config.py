@@ -418,13 +418,17 @@ class TrainConfig(Config):
     rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
     grpo_steps: int = doc("role-wise GRPO updates", 4)
     tasks_per_step: int = doc("train tasks per GRPO step", 2)
-    grpo_tasks: int | None = doc("GRPO samples its units from the first N train tasks (unset = all of them; "
-                                 "N = sft_tasks trains on what SFT taught, where a small model hits often "
-                                 "enough for a group's rewards to differ)", None)
-    grpo_units: list[str] | None = doc("GRPO samples only these units of its pool, by uid as episodes store it "
+    grpo_tasks: int | None = doc("GRPO samples its units from the first N train tasks SFT never saw (unset = all "
+                                 "of them; with grpo_pool_overlap, the first N train tasks, SFT's included)",
+                                 None)
+    grpo_units: list[str] | None = doc("GRPO samples only these train units, by uid as episodes store it "
                                        "(e.g. 'bfcl/multi_turn_base_4@t1'): a fixed pool, such as the turns where "
-                                       "a screen of the starting policy had reward spread (unset = the whole pool)",
-                                       None)
+                                       "a screen of the starting policy had reward spread (unset = the whole pool; "
+                                       "set, grpo_tasks is not read)", None)
+    grpo_pool_overlap: bool = doc("let GRPO's pool hold scenarios SFT trained on (this run's sft_tasks, or the "
+                                  "starting checkpoint's own SFT, recorded beside its weights): its gains are then "
+                                  "partly recall. Unset, they are left out of the pool, and grpo_units naming one "
+                                  "is refused (envace/training/pool.py)", False)
     lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     algorithm: Literal["role_grpo", "token_mean"] = doc(

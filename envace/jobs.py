@@ -9,8 +9,10 @@ every step it stored and leaves its run marked `interrupted`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -90,10 +92,11 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
 
 
 def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None, kind: str = "rollout",
-                reporter: Reporter | None = None, backend=None, rehearser_backend=None) -> tuple[Run, dict[str, Any]]:
+                reporter: Reporter | None = None, backend=None, rehearser_backend=None,
+                only: Collection[str] | None = None) -> tuple[Run, dict[str, Any]]:
     """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary).
     `backend` and `rehearser_backend`, when given, are used instead of loading `cfg.model` and
-    `cfg.rehearser_model`."""
+    `cfg.rehearser_model`; `only` keeps the units of these task uids."""
     from envace.policy import load_backend
     from envace.policy.models import tokenizer_for
     from envace.policy.scripted import ReferencePolicy
@@ -102,6 +105,8 @@ def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None 
     benchmark = registry.get(cfg.env)
     tokenizer = backend.tokenizer if backend is not None else tokenizer_for(_rendering_model(cfg))
     cfg, tasks = units.select(cfg, benchmark, tokenizer)  # turn units and `auto` budgets, before any model loads
+    if only is not None:
+        tasks = [t for t in tasks if units.source_uid(t) in set(only)]
     if not tasks:
         raise UsageError(f"no {cfg.env} tasks in {cfg.category} / {cfg.split} at offset {cfg.offset}")
     private = f", private rehearsal {cfg.private.mode} N={cfg.private.budget}" if cfg.private.active else ""
@@ -328,27 +333,23 @@ def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = No
     rank, world = launch_position()
     if world > 1 and not (name or resume):
         raise UsageError("training with several processes needs --run-name (every process writes to that run)")
+    cluster, trainer = contextlib.nullcontext(), train
     if cfg.ray.address:  # actors and learner ranks placed by Ray; this process drives them and writes the run
         from envace.training.cluster.driver import train_on_ray
         from envace.training.cluster.placement import joined
 
-        with joined(cfg.ray.address, reporter.say):  # before a run exists: a cluster that does not answer leaves none
-            run = _resume_run(root, resume, cfg) if resume else Run.create(root, "train", asdict(cfg), cfg.model, name)
-            reporter.say(f"train → {run.path}")
-            with run.running():
-                summary = train_on_ray(cfg, run, reporter.say, resume=bool(resume))
-        run.update(status="completed", summary=summary)
-        return run, summary
-    if rank > 0:
-        wait_for(root / (resume or name) / "run.json")
-        run = Run(root, resume or name)
-    elif resume:
-        run = _resume_run(root, resume, cfg)
-    else:
-        run = Run.create(root, "train", asdict(cfg), cfg.model, name)
-    reporter.say(f"train → {run.path}" + (f" (process {rank} of {world})" if world > 1 else ""))
-    with run.running():
-        summary = train(cfg, run, reporter.say, resume=bool(resume))
+        cluster, trainer = joined(cfg.ray.address, reporter.say), train_on_ray
+    with cluster:  # joined before a run exists: a cluster that does not answer leaves none
+        if rank > 0:
+            wait_for(root / (resume or name) / "run.json")
+            run = Run(root, resume or name)
+        elif resume:
+            run = _resume_run(root, resume, cfg)
+        else:
+            run = Run.create(root, "train", asdict(cfg), cfg.model, name)
+        reporter.say(f"train → {run.path}" + (f" (process {rank} of {world})" if world > 1 else ""))
+        with run.running():
+            summary = trainer(cfg, run, reporter.say, resume=bool(resume))
     if rank == 0:
         run.update(status="completed", summary=summary)
     return run, summary

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import threading
 import time
@@ -76,6 +77,17 @@ def _signals_deferred():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def actor_metric(index: int) -> str:
+    """The GRPO metric holding Ray actor `index`'s own seconds on its share of a step's rollouts."""
+    return f"actor{index}_rollout_s"
+
+
+def actor_of(name: str) -> int | None:
+    """The actor index an `actor_metric` name holds; None for any other metric."""
+    found = re.fullmatch(r"actor(\d+)_rollout_s", name)
+    return int(found[1]) if found else None
 
 
 def write_step(run: Run, step: int, episodes: list[Episode], rows: list[dict[str, Any]], shard: str) -> None:

@@ -15,6 +15,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from envace.record import actor_of
 from envace.store import StoreIndex
 
 
@@ -87,15 +88,14 @@ def _time(con, run_id: str) -> Table | None:
                             "AND (name IN ('step_s', 'actor_restarts', " + ", ".join(f"'{n}'" for n, _ in _PARTS) +
                             ") OR regexp_matches(name, '^actor[0-9]+_rollout_s$')) GROUP BY name",
                             [run_id]).fetchall())
-    actors = sorted((n for n in rows if n.endswith("_rollout_s") and n != "rollout_s"),
-                    key=lambda n: int(n[5:-10]))  # Ray: each actor's own share of the rollouts
+    actors = sorted((n for n in rows if actor_of(n) is not None), key=actor_of)  # Ray: each actor's own share
     wall = rows.get("step_s")
     if not wall:
         return None
     stale = con.execute("SELECT value, count(*) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
                         "AND name = 'staleness' GROUP BY value ORDER BY value", [run_id]).fetchall()
     table = Table("part", "seconds", "share of wall", title=f"where the GRPO time went ({wall:.1f} s of steps)")
-    for name, label in _PARTS + tuple((n, f"  actor {n[5:-10]} playing its share") for n in actors):
+    for name, label in _PARTS + tuple((n, f"  actor {actor_of(n)} playing its share") for n in actors):
         if name in rows:
             table.add_row(label, f"{rows[name]:.1f}", f"{rows[name] / wall:.0%}")
     if rows.get("actor_restarts"):
@@ -160,6 +160,18 @@ def _judgements(con, run_id: str) -> Group | None:
     return Group(table, *(Text(caveat(r[0])) for r in rows))  # the caveat on its own line, below
 
 
+def _study(meta: dict[str, Any]):
+    """A study's report (`envace/study`), once it has written one."""
+    from pathlib import Path
+
+    from rich.markdown import Markdown
+
+    report = Path((meta.get("summary") or {}).get("report", ""))
+    if not report.is_file():
+        return Text("no report yet: run `envace study FILE` again and it goes on where it stopped")
+    return Markdown(report.read_text())
+
+
 def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
     run_id, kind = meta["run_id"], meta.get("kind")
     if kind == "train":
@@ -167,6 +179,8 @@ def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
                  _episodes(con, run_id), _judgements(con, run_id)]
     elif kind == "sweep":
         parts = [_sweep(con, run_id)]
+    elif kind == "study":
+        parts = [_study(meta)]
     else:
         parts = [_episodes(con, run_id), _judgements(con, run_id), _tools(con, run_id)]
     return [t for t in parts if t is not None]

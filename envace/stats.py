@@ -1,5 +1,5 @@
-"""The few statistics the workbench reports, in one place: bootstrap intervals, exact paired tests (the sign test,
-McNemar's) and Holm's correction for a table's family of tests.
+"""The few statistics the workbench reports, in one place: bootstrap intervals, paired tests (the exact sign test,
+McNemar's, the sign-flip permutation test by cluster) and Holm's correction for a table's family of tests.
 
 Measurements come in clusters (the calls of one episode share its context, the turns of one task its
 scenario), so intervals resample whole clusters: `cluster_bootstrap` draws clusters with replacement and
@@ -81,6 +81,49 @@ def mcnemar(b: int, c: int) -> float:
     if b < 0 or c < 0:
         raise ValueError(f"mcnemar: counts must be >= 0, got b={b}, c={c}")
     return _binomial_half(int(b), int(b) + int(c))
+
+
+def paired_permutation(diffs: Sequence[float], clusters: Sequence[object] | None = None, draws: int = DRAWS,
+                       seed: int = 0) -> float:
+    """Two-sided sign-flip permutation p-value of a mean paired difference, flipping whole `clusters` (one per
+    difference; None: each alone). Under H0 each cluster's differences are as likely negated, so with S_c the sum
+    of cluster c's differences the statistic |Σ_c s_c·S_c| is compared over sign vectors s ∈ {±1}^C: all 2^C of them
+    when 2^C ≤ `draws` (exact), else `draws` random ones (p = (hits + 1) / (draws + 1)). NaN differences are left
+    out; none left: 1.0."""
+    d = np.asarray(diffs, dtype=float)
+    keys = np.arange(len(d)) if clusters is None else np.asarray([str(c) for c in clusters])
+    if len(keys) != len(d):
+        raise ValueError(f"paired_permutation: {len(d)} differences and {len(keys)} clusters")
+    keep = ~np.isnan(d)
+    d, keys = d[keep], keys[keep]
+    if not len(d):
+        return 1.0
+    _, index = np.unique(keys, return_inverse=True)
+    sums = np.bincount(index, weights=d)
+    seen = abs(sums.sum()) * (1 - 1e-12)  # float sums of the same terms in another order may differ in the last bit
+    if 2 ** len(sums) <= draws:
+        signs = 1 - 2 * ((np.arange(2 ** len(sums))[:, None] >> np.arange(len(sums))) & 1)
+        return float(np.mean(np.abs(signs @ sums) >= seen))
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], (draws, len(sums)))
+    return float((np.sum(np.abs(signs @ sums) >= seen) + 1) / (draws + 1))
+
+
+def paired_outcomes(before: Sequence[float], after: Sequence[float], clusters: Sequence[object] | None = None,
+                    draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
+    """Everything a report prints for one paired comparison of scores in [0, 1] (item i scored `before[i]` and
+    `after[i]`, e.g. one episode seed under two policies): the pairs, the mean of each side and Δ = after − before
+    with its cluster-bootstrap 95% interval and sign-flip permutation p (`clusters`: one per pair, e.g. the turn),
+    and, on "scored" (> 0), the discordant pairs `up` (0 → scored) and `down` with McNemar's exact p."""
+    x, y = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired_outcomes: {len(x)} and {len(y)} values do not pair up")
+    diffs = y - x
+    lo, hi = cluster_bootstrap(diffs, clusters, draws=draws, seed=seed)
+    up, down = int(((x <= 0) & (y > 0)).sum()), int(((x > 0) & (y <= 0)).sum())
+    return {"pairs": len(x), "before": float(x.mean()) if len(x) else float("nan"),
+            "after": float(y.mean()) if len(y) else float("nan"), "delta": float(diffs.mean()) if len(x) else
+            float("nan"), "lo": lo, "hi": hi, "permutation_p": paired_permutation(diffs, clusters, draws, seed),
+            "up": up, "down": down, "mcnemar_p": mcnemar(up, down)}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

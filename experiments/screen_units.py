@@ -16,23 +16,9 @@ import json
 import sys
 
 from envace.errors import UsageError
+from envace.study.screen import capped
 from envace.units import whole_uid
 from workbench import Workbench
-
-
-def capped(units, most: int) -> list[str]:
-    """At most `most` uids of the spread `units` (rows with task_uid, hits, episodes): round robin over their
-    scenarios, each scenario's unit with the most balanced hits first (ties: uid order)."""
-    queues: dict[str, list] = {}
-    ranked = sorted(units, key=lambda u: (-min(u.hits, u.episodes - u.hits), u.task_uid))
-    for u in ranked:
-        queues.setdefault(whole_uid(u.task_uid), []).append(u.task_uid)
-    chosen: list[str] = []
-    while len(chosen) < most and any(queues.values()):
-        for queue in queues.values():
-            if queue and len(chosen) < most:
-                chosen.append(queue.pop(0))
-    return sorted(chosen)
 
 
 def spread_units(wb: Workbench, run: str, most: int | None = None) -> list[str]:

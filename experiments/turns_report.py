@@ -5,14 +5,16 @@
         [--screens RUN ...]   # pass-rate screens of the pool side by side (e.g. one per temperature)
 
 Per arm: the GRPO steps (groups with signal per role, mean checklist, the fitted slope of the checklist over
-steps with its 95% interval); then every evaluation on the same test turns, each paired with SFT by task
-(mean difference with a paired-bootstrap 95% interval, and an exact two-sided sign test over the turns that
-differ). Every table that prints p-values prints them Holm-adjusted too (`Holm …` columns), over the family its
-caption names: all the tests of that table.
+steps with its 95% interval); then every evaluation on the same test turns, each paired with SFT by turn
+(mean difference with a 95% bootstrap interval resampled by task, and an exact two-sided sign test over the turns
+that differ). Every table that prints p-values prints them Holm-adjusted too (`Holm …` columns), over the family
+its caption names: all the tests of that table.
 
-The Fisher tests compare samples that do not pair up: two screens of the pool draw their episodes independently,
-and GRPO steps (first against last, an arm against the control) are groups of independent samples, so no episode
-has a partner for McNemar's test; the evaluations, which do pair by turn, use the sign test.
+Every comparison is paired (`envace.stats.paired_outcomes`): two screens of the pool with one seed draw episode
+k of a turn with the same sampling seed, as do an arm and the control at one GRPO step, so episodes pair by id
+(McNemar's exact test on "scored", a sign-flip permutation test by turn on the checklist); the first and last GRPO
+steps play the same turns with other draws, so they pair by turn. Screens that share no episode are not a
+comparison: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 import numpy as np
 import pandas as pd
 
+from envace.compare import episode_pairs, markdown
+from envace.errors import UsageError
 from envace.stats import cluster_bootstrap as bootstrap
-from envace.stats import holm, sign_test
+from envace.stats import holm, paired_outcomes, sign_test
+from envace.store import connect
+from envace.units import whole_uid
 from workbench import Workbench
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 10: 2.228, 15: 2.131,
@@ -45,36 +52,6 @@ def slope(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
     return b, b - t * se, b + t * se
 
 
-def fisher(a: int, n: int, b: int, m: int) -> float:
-    """Exact two-sided Fisher test of a/n against b/m successes: the probability, given the margins, of a
-    table at most as likely as the one seen."""
-    k, total = a + b, n + m
-    prob = [math.comb(n, x) * math.comb(m, k - x) / math.comb(total, k) for x in range(max(0, k - m), min(k, n) + 1)]
-    seen = math.comb(n, a) * math.comb(m, b) / math.comb(total, k)
-    return min(1.0, sum(q for q in prob if q <= seen * (1 + 1e-9)))
-
-
-def permutation(before: np.ndarray, after: np.ndarray, draws: int = 10_000, seed: int = 0) -> float:
-    """Two-sided permutation p-value of the difference of means of two independent samples."""
-    rng = np.random.default_rng(seed)
-    both, seen = np.concatenate([before, after]), abs(after.mean() - before.mean())
-    shuffled = np.stack([rng.permutation(both) for _ in range(draws)])
-    diffs = np.abs(shuffled[:, len(before):].mean(axis=1) - shuffled[:, :len(before)].mean(axis=1))
-    return float((np.sum(diffs >= seen - 1e-12) + 1) / (draws + 1))
-
-
-def md(frame: pd.DataFrame) -> str:
-    """A Markdown table (numbers to 3 decimals)."""
-    def cell(v) -> str:
-        if isinstance(v, float):
-            return "–" if math.isnan(v) else f"{v:.3f}"
-        return "–" if v is None or (isinstance(v, str) and v == "nan") else str(v)
-
-    cells = [[cell(v) for v in row] for row in frame.itertuples(index=False)]
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "---|" * len(frame.columns)]
-    return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
-
-
 def holm_columns(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
     """`frame` with a `Holm <column>` beside each p-value column of `columns`: every p-value of those columns
     Holm-adjusted together (NaN: no test, outside the family); and the caption that names the family."""
@@ -88,13 +65,13 @@ def holm_columns(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame,
 
 
 def print_with_holm(frame: pd.DataFrame, columns: list[str]) -> None:
-    """`md(frame)` with Holm-adjusted columns beside `columns` (those present) and the caption naming the family."""
+    """`markdown(frame)`, Holm-adjusted columns beside `columns` (those present), the caption naming the family."""
     columns = [c for c in columns if c in frame]
     if not columns:
-        print(md(frame))
+        print(markdown(frame))
         return
     frame, note = holm_columns(frame, columns)
-    print(md(frame) + f"\n\n{note}")
+    print(markdown(frame) + f"\n\n{note}")
 
 
 def training_table(wb: Workbench, run: str) -> pd.DataFrame:
@@ -149,18 +126,32 @@ def screen_table(wb: Workbench, runs: list[str]) -> pd.DataFrame:
 
 def rescreen_table(wb: Workbench, before: str, after: str, trained: list[str]) -> pd.DataFrame:
     """The same screen of the pool before (SFT) and after training, the turns GRPO trained on apart from the
-    others: episodes, scored episodes and mean checklist of each, a Fisher test on the scored counts and a
-    permutation test on the checklist means (the samples of the two screens are independent)."""
-    rows = []
+    others, paired by episode: scored episodes and mean checklist of each side, McNemar's test on the scored
+    pairs and a permutation test (signs flipped by turn) on the checklist."""
+    both, rows = episode_pairs(connect(wb.root), before, after), []
     for label, keep in (("trained turns", True), ("other turns", False)):
-        pick = [e[e["task_uid"].isin(trained) == keep]["checklist"].to_numpy(float)
-                for e in (wb.episodes(run, limit=1_000_000) for run in (before, after))]
-        hits = [int((v > 0).sum()) for v in pick]
-        rows.append({"turns": label, "episodes": len(pick[0]), "scored before": hits[0], "scored after": hits[1],
-                     "checklist before": pick[0].mean(), "checklist after": pick[1].mean(),
-                     "Fisher p (scored)": fisher(hits[1], len(pick[1]), hits[0], len(pick[0])),
-                     "permutation p (checklist)": permutation(pick[0], pick[1])})
+        part = both[both["task_uid"].isin(trained) == keep]
+        out = paired_outcomes(part["a"], part["b"], part["task_uid"])
+        rows.append({"turns": label, "episodes": out["pairs"], "scored before": int((part["a"] > 0).sum()),
+                     "scored after": int((part["b"] > 0).sum()), "up/down": f"{out['up']}/{out['down']}",
+                     "checklist before": out["before"], "checklist after": out["after"],
+                     "McNemar p (scored)": out["mcnemar_p"], "permutation p (checklist)": out["permutation_p"]})
     return pd.DataFrame(rows)
+
+
+def _last_step(wb: Workbench, control: str, run: str, step: int) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(control's checklist, the arm's, the turn) of the episodes both played at GRPO `step` with one seed."""
+    both = episode_pairs(connect(wb.root), control, run, step)
+    return both["a"], both["b"], both["task_uid"]
+
+
+def first_last(episodes: pd.DataFrame) -> float:
+    """Permutation p of the per-turn scored share, first GRPO step against the last, paired by turn (signs flipped
+    per turn); NaN when the two steps share no turn."""
+    share = (episodes["checklist"] > 0).groupby([episodes["step"], episodes["task_uid"]]).mean().unstack()
+    first, last = share.iloc[0], share.iloc[-1]
+    common = first.dropna().index.intersection(last.dropna().index)
+    return paired_outcomes(first[common], last[common])["permutation_p"] if len(common) else float("nan")
 
 
 def evaluation(wb: Workbench, run: str) -> tuple[dict[str, float], pd.Series]:
@@ -191,28 +182,27 @@ def arm_report(wb: Workbench, arm: str, run: str, sft_screen: str, completed: se
     summary.append({"arm": arm, "checklist per step": " / ".join(f"{v:.3f}" for v in table["checklist"]),
                     "scored per step": " / ".join(f"{int(v)}/{n}" for v, n in zip(scored, sizes, strict=True)),
                     "slope (95% CI)": f"{b:+.3f} ({lo:+.3f} … {hi:+.3f})",
-                    "Fisher p, scored first vs last step": fisher(int(scored.iloc[-1]), int(sizes.iloc[-1]),
-                                                                  int(scored.iloc[0]), int(sizes.iloc[0])),
+                    "p, scored first vs last step": first_last(episodes),
                     "step_s mean": table["step_s"].mean() if "step_s" in table else float("nan"),
-                    "last": (int(scored.iloc[-1]), int(sizes.iloc[-1]))})
+                    "run": run, "last step": int(episodes["step"].max())})
     print(f"\n### {run}: GRPO steps\n")
-    print(md(table))
+    print(markdown(table))
     print(f"\nchecklist slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
     fidelity = fidelity_table(wb, run)
     if not fidelity.empty:
         b, lo, hi = slope(fidelity["step"].to_numpy(float), fidelity["structure_f1"].to_numpy(float))
         print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
-        print(md(fidelity))
+        print(markdown(fidelity))
         print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
     units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units")
     if not units:
         return
     print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")
-    print(md(hit.groupby([episodes["step"], episodes["task_uid"]]).sum().unstack().reset_index()))
+    print(markdown(hit.groupby([episodes["step"], episodes["task_uid"]]).sum().unstack().reset_index()))
     if {f"screen-{run}", sft_screen} <= completed:
         print(f"\n### {run}: the pool's screen before (SFT) and after training\n")
         table = rescreen_table(wb, sft_screen, f"screen-{run}", units)
-        print_with_holm(table, ["Fisher p (scored)", "permutation p (checklist)"])
+        print_with_holm(table, ["McNemar p (scored)", "permutation p (checklist)"])
         trained, other = table.drop(columns="turns").to_dict("records")
         rescreens.append({"arm": arm, **{f"trained: {k}": v for k, v in trained.items()},
                           **{f"other: {k}": v for k, v in other.items()
@@ -220,6 +210,14 @@ def arm_report(wb: Workbench, arm: str, run: str, sft_screen: str, completed: se
 
 
 def main() -> None:
+    try:
+        report()
+    except UsageError as err:
+        print(f"turns_report: {err}", file=sys.stderr)  # one line, and the code argparse gives bad input
+        raise SystemExit(2) from None
+
+
+def report() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="runs")
     parser.add_argument("--tag", default="turns")
@@ -238,7 +236,7 @@ def main() -> None:
     summary, rescreens = [], []
     if args.screens:
         print("\n### Pass-rate screens of the pool\n")
-        print(md(screen_table(wb, args.screens)))
+        print(markdown(screen_table(wb, args.screens)))
     for arm in args.arms:
         run = f"{arm}-{args.tag}-s{args.seed}"
         if run in present:
@@ -246,18 +244,18 @@ def main() -> None:
     if summary:
         frame = pd.DataFrame(summary)
         control = frame[frame["arm"].str.startswith("control")]
-        if len(control):  # the same draws without learning: what the last step scores by chance
-            c, n = control.iloc[0]["last"]
-            frame["Fisher p vs control, last step"] = [  # the control against itself is no test
-                float("nan") if arm == control.iloc[0]["arm"] else fisher(a, m, c, n)
-                for arm, (a, m) in zip(frame["arm"], frame["last"], strict=True)]
+        if len(control):  # the same draws without learning: what the last step scores by chance, episode by episode
+            base = control.iloc[0]
+            frame["McNemar p vs control, last step"] = [  # the control against itself is no test
+                float("nan") if arm == base["arm"] else paired_outcomes(*_last_step(wb, base["run"], run, step))
+                ["mcnemar_p"] for arm, run, step in zip(frame["arm"], frame["run"], frame["last step"], strict=True)]
         print("\n### Training reward per step, all arms\n")
-        print_with_holm(frame.drop(columns="last"),
-                        ["Fisher p, scored first vs last step", "Fisher p vs control, last step"])
+        print_with_holm(frame.drop(columns=["run", "last step"]),
+                        ["p, scored first vs last step", "McNemar p vs control, last step"])
     if rescreens:
         print("\n### The pool's screen before (SFT) and after training, all arms\n")
         print_with_holm(pd.DataFrame(rescreens), [f"{part}: {test}" for part in ("trained", "other")
-                                                  for test in ("Fisher p (scored)", "permutation p (checklist)")])
+                                                  for test in ("McNemar p (scored)", "permutation p (checklist)")])
     rows, sft = [], None
     for arm in ["base", "sft", *args.arms]:
         run = f"eval-{arm}-{args.tag}" + ("" if arm in ("base", "sft") else f"-s{args.seed}")
@@ -269,7 +267,7 @@ def main() -> None:
         elif sft is not None:
             common = per_task.index.intersection(sft.index)
             diffs = (per_task[common] - sft[common]).to_numpy(float)
-            lo, hi = bootstrap(diffs)
+            lo, hi = bootstrap(diffs, [whole_uid(u) for u in common])  # a task's turns share its scenario
             row.update({"Δ checklist vs SFT": diffs.mean(), "95% CI": f"{lo:+.3f} … {hi:+.3f}",
                         "sign test p": sign_test(diffs), "turns up/down": f"{(diffs > 0).sum()}/{(diffs < 0).sum()}"})
         rows.append({"arm": arm, "eval run": run, **row})

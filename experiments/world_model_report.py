@@ -95,8 +95,8 @@ def delta_cells(rows: list[tuple[dict, dict]]) -> tuple[list[dict], str]:
 
 def forest(parts: dict[str, dict], out: str) -> None:
     """The Δ tables as a figure (standalone HTML): one row per arm and call set (`paired`'s numbers), Δ exact and
-    Δ struct F1 against SFT with their 95% intervals; a row whose interval misses 0 is one the tables call an
-    effect."""
+    Δ struct F1 against SFT with their 95% intervals (uncorrected: the tables' Holm column says which rows
+    survive the correction)."""
     labels = list(parts)[::-1]  # plotly draws the first row at the bottom
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=("Δ exact", "Δ struct F1"))
     for col, metric in enumerate(("exact", "structure_f1"), start=1):
@@ -191,7 +191,8 @@ def private_cells(wb: Workbench, sweep: str, memory: str) -> list[dict]:
         diffs = (episodes[common] - plain[common]).to_numpy(float)
         memories = wb.sql(f"SELECT memory, memory_error FROM memories WHERE run_id = '{cell.cell_run}'")
         accepted = int((memories["memory_error"].isna() & (memories["memory"] != "")).sum())
-        lo, hi = cluster_bootstrap(diffs) if cell.budget else (float("nan"), float("nan"))
+        lo, hi = cluster_bootstrap(diffs, [whole_uid(u) for u in common]) if cell.budget else \
+            (float("nan"), float("nan"))  # resampled by task: a task's turns share its scenario
         rows.append({"memory": memory, "model": cell.label, "mode": cell.mode, "N": cell.budget,
                      "turns": len(episodes), "scored": int((episodes > 0).sum()), "checklist": episodes.mean(),
                      "memories accepted": f"{accepted}/{len(memories)}" if len(memories) else "–",

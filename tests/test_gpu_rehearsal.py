@@ -539,7 +539,8 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
                  "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "max_staleness=1",
                  "--set", "vllm_importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
                  "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
-                 "--set", "grpo_tasks=2"])  # two tasks whose prompts fit the tiny model's context, every step
+                 "--set", "grpo_tasks=2", "--set", "grpo_pool_overlap=true"])  # two tasks whose prompts fit
+    # the tiny model's context, every step
     assert done == 0
     con = connect(tmp_path)
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "

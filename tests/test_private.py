@@ -171,5 +171,7 @@ def test_sweep_writes_one_table_and_resumes_without_redoing_cells(tmp_path, caps
     assert not list((tmp_path / ".staging").iterdir())  # the old cell is gone once swapped out
     out = capsys.readouterr().out
     assert out.count("done already, kept") == 2 and "cell 3/3 sw-base-sequential-1\n" in out
+    # each N = 1 cell against N = 0, paired by turn, its two cells' tests Holm-adjusted together
+    assert "against N = 0, paired by turn" in out and "adjusted over the family of this table's 4 tests" in out
     assert (tmp_path / "sw" / "sweep.csv").read_text().count("\n") == 4
     assert main(args[:-2] + ["--budgets", "-1", "--root", str(tmp_path)]) == 2

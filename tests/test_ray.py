@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from replay import same, stored
 from safetensors.torch import load_file
 
 from envace.cli import main
@@ -53,28 +54,6 @@ def cluster(tmp_path_factory):
 def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
     return main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--run-name", name,
                  "--set", f"grpo_steps={steps}", *STALE, *extra])
-
-
-def _stored(con, run: str, step: int | None = None) -> tuple[list, list]:
-    """A run's generations (what was sampled, by which version, its advantage) and metrics, wall times, clocks and
-    Ray's restarts left out."""
-    only = "" if step is None else f" AND step = {step}"
-    generations = con.execute("SELECT step, episode_id, role, turn, turn_step, completion_ids, policy_version, "
-                              f"advantage, trained FROM generations WHERE run_id = ?{only} "
-                              "ORDER BY step, episode_id, role, turn, turn_step, call_index", [run]).fetchall()
-    metrics = con.execute(f"SELECT phase, step, role, name, value FROM metrics WHERE run_id = ?{only} "
-                          "AND NOT regexp_matches(name, '_(s|t)$') AND name <> 'actor_restarts' "
-                          "ORDER BY phase, step, role, name", [run]).fetchall()
-    return generations, metrics
-
-
-def _same(a: tuple[list, list], b: tuple[list, list]) -> list:
-    """The same generations, and the same metrics within float noise; the generations."""
-    assert a[0] and a[0] == b[0]
-    assert [m[:4] for m in a[1]] == [m[:4] for m in b[1]]
-    for x, y in zip(a[1], b[1], strict=True):
-        assert x[4] == pytest.approx(y[4], rel=1e-5, abs=1e-7), x[:4]
-    return a[0]
 
 
 def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
@@ -129,7 +108,7 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
                  "--set", "grpo_steps=3", *STALE, *TWO_NODES]) == 0
 
-    _same(_stored(connect(runs), "whole", step=2), _stored(connect(runs), "cut", step=2))
+    same(stored(connect(runs), "whole", step=2), stored(connect(runs), "cut", step=2))
     whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
 
@@ -156,7 +135,7 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
         torch.set_num_threads(threads)
     ray_con, local_con = connect(runs), connect(tmp_path)
 
-    g_ray = _same(_stored(ray_con, "ray-sync"), _stored(local_con, "local"))
+    g_ray = same(stored(ray_con, "ray-sync"), stored(local_con, "local"))
     assert any(trained for *_, trained in g_ray)
     remote, local = _weights(runs, "ray-sync"), load_file(tmp_path / "local" / "checkpoint" / "model.safetensors")
     assert all(torch.allclose(remote[k], local[k], atol=1e-6) for k in local)

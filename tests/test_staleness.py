@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from replay import same, stored
 
 from envace.cli import main
 from envace.store import connect
@@ -86,20 +87,8 @@ def test_a_resumed_run_ahead_of_its_update_replays_exactly(tmp_path, half_gold):
                  "--set", "grpo_steps=3", *STALE]) == 0
     con = connect(tmp_path)
 
-    def step_three(run):
-        generations = con.execute("SELECT episode_id, role, turn, turn_step, completion_ids, policy_version, "
-                                  "advantage, trained FROM generations WHERE run_id = ? AND step = 2 "
-                                  "ORDER BY episode_id, role, turn, turn_step, call_index", [run]).fetchall()
-        metrics = con.execute("SELECT role, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND step = 2 "
-                              "AND NOT regexp_matches(name, '_(s|t)$') "  # wall times and clocks
-                              "ORDER BY role, name", [run]).fetchall()
-        return generations, metrics
-
-    (g_whole, m_whole), (g_cut, m_cut) = step_three("whole"), step_three("cut")
-    assert g_whole and g_whole == g_cut  # step 3 sampled by version 1, kept in state.pt across the stop
-    assert [(r, n) for r, n, _ in m_whole] == [(r, n) for r, n, _ in m_cut]
-    for (_, name, a), (_, _, b) in zip(m_whole, m_cut, strict=True):
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-7), name
+    # step 3 sampled by version 1, kept in state.pt across the stop: the same generations and metrics
+    same(stored(con, "whole", step=2), stored(con, "cut", step=2))
 
 
 @pytest.mark.parametrize("settings", [["max_staleness=-1"], ["max_staleness=1"],

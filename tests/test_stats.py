@@ -11,7 +11,15 @@ from scipy.stats import binomtest
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 from statsmodels.stats.multitest import multipletests
 
-from envace.stats import cluster_bootstrap, holm, mcnemar, paired_bootstrap, sign_test
+from envace.stats import (
+    cluster_bootstrap,
+    holm,
+    mcnemar,
+    paired_bootstrap,
+    paired_outcomes,
+    paired_permutation,
+    sign_test,
+)
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -125,3 +133,47 @@ def test_paired_bootstrap_is_the_cluster_bootstrap_of_the_differences():
     with pytest.raises(ValueError):
         paired_bootstrap(a, b[:-1])
     assert all(math.isnan(v) for v in paired_bootstrap([], []))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_paired_permutation_equals_scipys_exact_sign_flip_test(seed):
+    """With each difference its own cluster and 2^n ≤ draws, every sign vector is enumerated: scipy's exact
+    paired permutation test of the mean gives the same p-value."""
+    from scipy.stats import permutation_test
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 12))  # scipy wants two or more
+    d = np.round(rng.normal(rng.uniform(-1, 1), 1, n), 2)  # rounded: ties in |d| as real scores have
+    if seed % 4 == 0:
+        d[: n // 2] = 0.0
+    want = permutation_test((d,), np.mean, permutation_type="samples", alternative="two-sided",
+                            n_resamples=np.inf).pvalue
+    assert paired_permutation(d) == pytest.approx(min(1.0, want), rel=1e-9)
+
+
+def test_paired_permutation_flips_whole_clusters():
+    """A cluster is one unit of evidence: duplicating each difference inside its cluster leaves the p-value as it
+    was, while as separate items the same duplicates look twice the evidence."""
+    d = np.array([0.5, 0.3, 0.4, -0.1, 0.6, 0.2])
+    alone = paired_permutation(d)
+    twice = np.repeat(d, 2)
+    assert paired_permutation(twice, clusters=np.repeat(np.arange(6), 2)) == pytest.approx(alone)
+    assert paired_permutation(twice) < alone
+    assert paired_permutation([]) == 1.0 and paired_permutation([0.0, 0.0]) == 1.0
+    big = np.random.default_rng(0).normal(0.3, 1, 200)  # Monte Carlo: 2^200 sign vectors
+    assert 0 < paired_permutation(big) < 0.01 and paired_permutation(big - big.mean()) > 0.5
+    with pytest.raises(ValueError):
+        paired_permutation([1.0, 2.0], clusters=[0])
+
+
+def test_paired_outcomes_counts_the_discordant_pairs_and_tests_them():
+    before = np.array([0, 0, 0, 1, 1, 0.5, 0, 0, 0, 0])
+    after = np.array([1, 1, 0.5, 1, 0, 0.5, 1, 1, 1, 0])
+    turns = ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    out = paired_outcomes(before, after, turns)
+    assert (out["pairs"], out["up"], out["down"]) == (10, 6, 1)
+    assert out["mcnemar_p"] == pytest.approx(binomtest(6, 7, 0.5).pvalue)
+    assert out["delta"] == pytest.approx((after - before).mean()) and out["lo"] <= out["delta"] <= out["hi"]
+    assert out["permutation_p"] == pytest.approx(paired_permutation(after - before, turns))
+    with pytest.raises(ValueError):
+        paired_outcomes([1.0], [1.0, 0.0])

@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,32 @@ def test_train_smoke_config_end_to_end(tmp_path, capsys):
     checkpoint = tmp_path / "t" / "checkpoint"
     assert main(["rollout", "--model", str(checkpoint), "--limit", "1", "--max-new-tokens", "4",
                  "--max-steps-per-turn", "1", "--root", root, "--run-name", "after"]) == 0
+    _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsys)
+
+
+def _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsys):
+    """The smoke run's GRPO played no scenario its SFT saw; its checkpoint records them, so a run from it with no
+    SFT of its own still leaves them out, and naming one in grpo_units is one error line (exit 2) unless the
+    overlap is asked for."""
+    from envace.envs import registry
+    from envace.training.pool import SEEN_FILE
+    from envace.types import task_group
+    from envace.units import whole_uid
+
+    train = registry.get("bfcl").load_tasks("multi_turn_base", "train")
+    sft = train[:2]  # smoke.toml: sft_tasks = 2
+    seen = json.loads((checkpoint / SEEN_FILE).read_text())["groups"]
+    assert seen == sorted({task_group(t) for t in sft}) and len(seen) == 2
+    played = {whole_uid(u) for (u,) in con.execute("SELECT DISTINCT task_uid FROM episodes WHERE run_id = 't' "
+                                                   "AND phase = 'grpo'").fetchall()}
+    assert played and not {task_group(t) for t in train if t.uid in played} & set(seen)
+    taught = ["--set", f'model="{checkpoint}"', "--set", "sft_tasks=0", "--set", f'grpo_units=["{sft[0].uid}"]',
+              "--set", "grpo_steps=0"]
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "o", *taught]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"grpo_units: {sft[0].uid} is in a scenario SFT trained on" in err[0]
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "o2", *taught,
+                 "--set", "grpo_pool_overlap=true"]) == 0
 
 
 def test_bad_train_configs(tmp_path):
@@ -241,6 +268,12 @@ def test_every_experiment_config_validates(path):
                     cls.from_dict(data)
                 data["model"] = "tiny"
             cls.from_dict(data, where=f"{path} [{table}]")
+    if "study" in raw:  # a study file: its design, and each arm's recipe, checked as `envace study` checks them
+        from envace.study.config import Study, StudyConfig
+
+        StudyConfig.from_dict(raw["study"], where=f"{path} [study]")
+        if raw["train"].get("model", "default") in ("default", "tiny"):
+            Study.load(path)
 
 
 def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):

@@ -12,6 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from envace.record import actor_of
+
 # Metrics whose values live in [0, 1]: their axes are drawn on that range.
 UNIT_METRICS = {"success_rate", "checklist", "well_formed_rate", "parse_error_rate", "exact", "structure_f1",
                 "value_acc", "error_agree", "valid_json", "string_sim", "embed_cos", "copied", "malformed",
@@ -111,9 +113,8 @@ def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
     if not {"rollout_start_t", "update_start_t", "rollout_s", "update_s"} <= set(wide.columns):
         return None
     t0 = min(wide["rollout_start_t"].min(), wide["update_start_t"].min())
-    actors = sorted((c for c in wide.columns if c.startswith("actor") and c.endswith("_rollout_s")),
-                    key=lambda c: int(c[5:-10]))
-    lanes = [(f"actor {c[5:-10]}", c) for c in actors] or [("actor", "rollout_s")]
+    actors = sorted((c for c in wide.columns if actor_of(c) is not None), key=actor_of)  # Ray: one lane each
+    lanes = [(f"actor {actor_of(c)}", c) for c in actors] or [("actor", "rollout_s")]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
                         subplot_titles=["spans on the wall clock (s since the first rollout)", "steps by staleness"])
     for lane, column in [*lanes, ("learner", "update_s")]:

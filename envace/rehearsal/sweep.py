@@ -3,15 +3,18 @@
 A cell is (model label, mode, N). N = 0 is the plain policy, run once per model (it is the same for
 both modes). Each cell is a run named `<sweep>-<label>-<mode>-<N>` in the same store, so a sweep that
 was interrupted resumes by skipping the cells whose run completed (an unfinished cell is redone).
-The table lives in the sweep's own run folder as the `sweep` table and as `sweep.csv`.
+The table lives in the sweep's own run folder as the `sweep` table and as `sweep.csv`. Each N > 0 cell is also
+compared with its model's N = 0 cell, turn by turn (`against_none`).
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envace import compare
 from envace.errors import UsageError
 
 
@@ -70,3 +73,18 @@ def write_table(run, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def against_none(con, sweeps: list[str], labels: list[str], modes: list[str], budgets: list[int],
+                 completed: Callable[[str], bool] = lambda run: True) -> list[dict[str, Any]]:
+    """Per model label, mode and N > 0: its cell against the same model's N = 0 cell, paired by turn and pooled
+    over `sweeps` (one per seed; `compare.row`). Only pairs of `completed` cells count."""
+    rows = []
+    for label in labels:
+        for mode in modes:
+            for n in (b for b in budgets if b > 0):
+                runs = [(Cell(label, "", "none", 0).run_name(s), Cell(label, "", mode, n).run_name(s)) for s in sweeps]
+                frames = [compare.episode_pairs(con, a, b) for a, b in runs if completed(a) and completed(b)]
+                if frames:
+                    rows.append(compare.row({"model": label, "mode": mode, "N": n, "vs": "N = 0"}, frames))
+    return rows

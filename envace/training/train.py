@@ -57,13 +57,14 @@ from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
 from envace.training import algorithms
 from envace.training.actor import Played, RolloutActor
-from envace.training.budget import fitting, fitting_pool, row_budget
+from envace.training.budget import fitting, row_budget
 from envace.training.distributed import Processes
 from envace.training.fsdp import launcher_fsdp
 from envace.training.grpo import Row, backward, signal_groups
 from envace.training.learner import Learner
 from envace.training.packing.chain import chains
 from envace.training.packing.tree import check_budget
+from envace.training.pool import grpo_pool, seen_groups, write_seen
 from envace.training.rows import reference_rows, training_rows
 from envace.training.served import ServedPolicy
 from envace.training.staleness import AheadPipeline
@@ -86,6 +87,7 @@ class Session:
     backend: Any = None  # HFBackend on `generator`, or the vLLM servers' RemoteBackend
     served: ServedPolicy | None = None
     tracker: Tracker = field(default_factory=Tracker)
+    seen: set[str] = field(default_factory=set)  # task groups SFT has shown the policy (`pool.seen_groups`)
 
 
 def _write_metrics(run: Run, tracker: Tracker, step: int, phase: str, values: dict[str, dict[str, float]],
@@ -128,13 +130,16 @@ def evaluate(s: Session, updates: int) -> dict[str, float]:
     Every process plays its share of the tasks and stores its own shard; the counts are summed across
     processes, and the fidelity is read back from every process's stored pairs, so the numbers are those
     of one process playing them all. Every process must call; the result is process 0's to write."""
-    episodes, rows = play_evaluation(s.cfg, s.benchmark, s.bank, s.backend, updates, s.procs.share)
+    episodes, rows = play_evaluation(s.cfg, s.benchmark, s.bank, s.generator, s.backend, updates, s.procs.share)
     return evaluation_scores(s.run, s.procs, updates, episodes, rows)
 
 
-def play_evaluation(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, backend, updates: int,
+def play_evaluation(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, generator, backend, updates: int,
                     share: Callable[[list], list]) -> tuple[list[Episode], list[dict[str, Any]]]:
-    """`share` of the evaluation's test tasks played greedily, scored, rewards shared (see `evaluate`)."""
+    """`share` of the evaluation's test tasks played greedily by `generator` through `backend`, scored, rewards
+    shared (see `evaluate`)."""
+    generator.eval()
+    backend.clear_caches()  # nothing cached under the weights before this update
     rollout, tasks = units.select(cfg.evaluation(), benchmark, backend.tokenizer)
     tasks = share(tasks)
     engine = build_engine(backend, benchmark, rollout, bank, id_prefix=f"eval{updates}:")
@@ -168,8 +173,6 @@ def evaluation_scores(run: Run, procs: Processes, updates: int, episodes: list[E
 
 
 def _evaluate_at(s: Session, updates: int) -> None:
-    s.generator.eval()
-    s.backend.clear_caches()
     report_evaluation(s, updates, evaluate(s, updates))  # every process plays its share of the test tasks
 
 
@@ -327,7 +330,7 @@ def _learn(s: Session, played: Played, push: bool = True, timings: dict[str, flo
                  rollout_start_t=played.started, update_start_t=clock, **(timings or {}))  # the app's timeline
     if played.actor_seconds:  # Ray's actors: each one's share of the rollout, and how many died on it
         stats.update(actor_restarts=played.restarts,
-                     **{f"actor{i}_rollout_s": t for i, t in enumerate(played.actor_seconds)})
+                     **{record.actor_metric(i): t for i, t in enumerate(played.actor_seconds)})
     stats["step_s"] = time.perf_counter() - since if since is not None else \
         played.seconds + time.perf_counter() - started
     packed = set(packed)
@@ -450,43 +453,12 @@ def _save_checkpoint(s: Session, tok) -> Any:
         partial = s.run.path / f".checkpoint.{os.getpid()}.partial"
         (s.generator.merge_and_unload() if s.cfg.lora else s.generator).save_pretrained(partial)
         tok.save_pretrained(partial)
+        write_seen(partial, s.seen)
         if out.exists():  # a resumed run replaces its earlier checkpoint
             shutil.rmtree(out)
         os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind
     s.procs.wait()
     return out
-
-
-def _fixed_pool(pool: list, uids: list[str], unit: str) -> list:
-    """The units of `pool` named by `grpo_units`; a uid outside the pool is a usage error, not an empty step."""
-    known, wanted = {t.uid for t in pool}, set(uids)
-    missing = [u for u in uids if u not in known]
-    if missing:
-        example = f" (e.g. {min(known)})" if known else ""
-        raise UsageError(f"grpo_units: {missing[0]} is not one of the {len(pool)} train {unit}s GRPO samples "
-                         f"from{example}")
-    return [t for t in pool if t.uid in wanted]
-
-
-def grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: ExampleBank, model, tok,
-               say: Callable[[str], None]) -> tuple[TrainConfig, list]:
-    """The units GRPO samples from (`grpo_tasks`, `grpo_units`, those whose first row fits the packing budget),
-    and the config with its rollout's `auto` budgets resolved on the gold data."""
-    rollout, pool = units.select(cfg.rollout, benchmark, tok)  # turn units, and an `auto` budget resolved
-    if cfg.grpo_tasks is not None:
-        first = {t.uid for t in train_tasks[: cfg.grpo_tasks]}
-        pool = [t for t in pool if units.source_uid(t) in first]
-    if cfg.grpo_units is not None:
-        pool = _fixed_pool(pool, cfg.grpo_units, rollout.unit)
-    cfg = replace(cfg, rollout=rollout)
-    if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
-        probe = build_engine(HFBackend(model, tok), benchmark, cfg.rollout_at(0), bank)
-        pool = fitting_pool(probe, pool, row_budget(cfg), say)
-    if len(pool) < cfg.tasks_per_step:
-        raise UsageError(f"tasks_per_step: {cfg.tasks_per_step} per step, but only {len(pool)} train "
-                         f"{rollout.unit}s to sample from (grpo_tasks, max_turn_calls, max_pack_tokens)")
-    say(f"GRPO on {len(pool)} train {rollout.unit}s, {rollout.max_new_tokens} new tokens per message")
-    return cfg, pool
 
 
 def step_tasks(cfg: TrainConfig, pool: list, step: int) -> list:
@@ -505,6 +477,21 @@ def resumed(s: Session, resume: bool, device: Callable[[], Any]) -> tuple[int, d
     s.learner.load(state)
     s.say(f"resuming at GRPO step {state['next_step'] + 1} (SFT already done)")
     return state["next_step"], state.get("versions", {}), saved
+
+
+def started(s: Session, resume: bool, device: Callable[[], Any], warm: Callable[[], dict]) -> tuple[int, dict, dict]:
+    """(next GRPO step, the kept policy versions, the run's summary so far), the learner holding its starting
+    weights: a resumed run's saved state, else the base after SFT (`warm()`, which returns SFT's summary), saved
+    as `state.pt` before the first step."""
+    summary: dict[str, Any] = dict(s.run.meta().get("summary") or {}) if resume else {}
+    start, versions, saved = resumed(s, resume, device)
+    if not (resume and saved) and s.cfg.sft_tasks and s.cfg.sft_epochs:
+        summary.update(warm())
+        if s.procs.main:
+            s.run.update(summary=summary)
+    if not saved:
+        save_state(s, 0)
+    return start, versions, summary
 
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
@@ -529,19 +516,14 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     bank = ExampleBank(train_tasks)
     cfg, pool = grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, say)
-    s = Session(cfg, run, procs, say, benchmark, bank, model, procs.prepare(model))
+    s = Session(cfg, run, procs, say, benchmark, bank, model, procs.prepare(model),
+                seen=seen_groups(cfg, train_tasks))
     if procs.main:  # process 0 speaks for all, to the tracker too
         s.tracker = open_tracker(cfg.report_to, run, asdict(cfg))
-    summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
     s.learner = Learner(cfg, model, optimizer, procs, tok.pad_token_id)
-    start, versions, saved = resumed(s, resume, lambda: s.generator.device)
-    if not (resume and saved) and cfg.sft_tasks and cfg.sft_epochs:
-        summary.update(warm_up(cfg, benchmark, bank, train_tasks, tok, model, procs, log_sft(s), say))
-        if procs.main:
-            run.update(summary=summary)
-    if not saved:
-        save_state(s, 0)
+    start, versions, summary = started(s, resume, lambda: s.generator.device, lambda: warm_up(
+        cfg, benchmark, bank, train_tasks, tok, model, procs, log_sft(s), say))
     procs.sync(model, s.generator)
 
     s.served = _served(s, tok) if cfg.grpo_steps > start or cfg.eval_every else None  # nothing to generate: none

@@ -183,16 +183,13 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         procs = Processes()  # the driver alone: world 1, writes everything
         s = single.Session(cfg, run, procs, say, registry.get(cfg.rollout.env), None, None, None,
                            learner=RemoteLearner(ranks), tracker=open_tracker(cfg.report_to, run, asdict(cfg)))
-        summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
-        start, versions, saved = single.resumed(s, resume, lambda: "cpu")
-        if not (resume and saved) and cfg.sft_tasks and cfg.sft_epochs:
+        def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics logged here
             nll, logged = ray.get([r.sft.remote() for r in ranks])[0]
             for step, values in logged:
                 single.log_sft(s)(step, values)
-            summary.update(nll)
-            run.update(summary=summary)
-        if not saved:
-            single.save_state(s, 0)
+            return nll
+
+        start, versions, summary = single.started(s, resume, lambda: "cpu", warm)
         remote = RemoteActors(actors, cfg.ray.max_restarts, say)
 
         def evaluate_version(version: int, weights: dict[str, torch.Tensor]) -> None:

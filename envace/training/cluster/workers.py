@@ -24,8 +24,9 @@ from envace.training.actor import Played, RolloutActor
 from envace.training.distributed import Processes
 from envace.training.grpo import Row
 from envace.training.learner import Learner
+from envace.training.pool import grpo_pool, seen_groups, write_seen
 from envace.training.served import ServedPolicy
-from envace.training.train import grpo_pool, heartbeat, play_evaluation, warm_up
+from envace.training.train import heartbeat, play_evaluation, warm_up
 
 
 def _policy(cfg: TrainConfig, threads: float):
@@ -87,9 +88,7 @@ class ActorWorker:
     def evaluate(self, updates: int, version: int, index: int, count: int):
         if self.actor.version != version:
             return None
-        self.actor.generator.eval()
-        self.backend.clear_caches()
-        return play_evaluation(self.cfg, self.benchmark, self.bank, self.backend, updates,
+        return play_evaluation(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
                                lambda tasks: list(tasks[index::count]))
 
 
@@ -163,6 +162,7 @@ class LearnerRank:
         with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
             model.save_pretrained(folder)
             self.tok.save_pretrained(folder)
+            write_seen(folder, seen_groups(self.cfg, self.train_tasks))
             return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
 
     def leave(self) -> None:

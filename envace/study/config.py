@@ -1,0 +1,121 @@
+"""`[study]`: the controlled study's design (its `[rollout]` table is the evaluation, its `[train]` the recipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from envace.config import Config, RolloutConfig, TrainConfig, at_least, doc, load_toml, within
+from envace.errors import UsageError
+
+ArmName = Literal["envace", "caller_only", "real_env", "fidelity", "control", "random"]
+
+# What each arm changes in the recipe's [train] table (`random` is not trained: `random_update.py`).
+ARMS: dict[str, dict] = {
+    "envace": {},
+    "caller_only": {"variant": "caller_only"},
+    "real_env": {"variant": "real_env"},
+    "fidelity": {"rehearser_reward": "task+fidelity", "rollout": {"shadow_fraction": 1.0}},
+    # the same steps and random draws with a learning rate too small to move a weight: what the draws alone
+    # give (caller-only: cheaper, and the same samples)
+    "control": {"variant": "caller_only", "lr": 1e-12},
+}
+
+
+@dataclass
+class StudyConfig(Config):
+    """The design: seeds, arms, the GRPO pool's screen, and what is measured after training."""
+
+    seeds: list[int] = doc("one SFT run, one screen and every arm per seed", factory=lambda: [0, 1, 2])
+    arms: list[ArmName] = doc(
+        "envace | caller_only | real_env | fidelity (task+fidelity reward, every episode shadowed) | control "
+        "(lr = 1e-12: sampling noise alone) | random (the SFT weights plus a random update with envace's norm, "
+        "tensor by tensor: weight drift alone; needs envace)",
+        factory=lambda: ["envace", "caller_only", "real_env", "fidelity", "control", "random"])
+    floor_sizes: list[int] = doc("SFT sizes (train tasks) tried first, with the first seed, each evaluated on every "
+                                 "test turn: the seeds' SFT takes the smallest whose success reaches floor_target "
+                                 "(none does: the largest, and the report shows the curve); empty = [train] "
+                                 "sft_tasks", factory=list)
+    floor_target: float = doc("the share of test turns the SFT checkpoint must succeed on, so that a gain or a "
+                              "loss can show", 0.15)
+    pool_tasks: int = doc("train tasks SFT never saw whose turns form GRPO's pool, screened before training", 8)
+    screen_group_size: int = doc("rollouts per unit in the pool's screen (GRPO's G: a unit whose G rewards all "
+                                 "agree gives a group no signal)", 8)
+    pool_max: int = doc("units kept from the screen: those whose rewards differ, spread over as many scenarios as "
+                        "they can (none differ: the first units of the screen, and the report says so)", 8)
+    world_model_limit: int | None = doc("test tasks whose gold calls the world-model benchmark rehearses (unset "
+                                        "= every one)", None)
+    private_budgets: list[int] = doc("private rehearsal: imagined attempts N before the real one",
+                                     factory=lambda: [0, 1, 2])
+    private_modes: list[Literal["parallel", "sequential"]] = doc("private rehearsal modes",
+                                                                 factory=lambda: ["parallel", "sequential"])
+    private_seeds: list[int] | None = doc("the seeds whose SFT and envace checkpoints are swept for private "
+                                          "rehearsal (unset = every seed; [] = none)", None)
+
+    def validate(self) -> None:
+        at_least(self, 1, "pool_tasks", "screen_group_size", "pool_max", "world_model_limit")
+        within(self, 0, 1, "floor_target")
+        if any(not isinstance(n, int) or n < 1 for n in self.floor_sizes) or len(set(self.floor_sizes)) != len(
+                self.floor_sizes):
+            raise UsageError(f"floor_sizes: expected distinct sizes >= 1, got {self.floor_sizes!r}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise UsageError(f"seeds: expected distinct seeds, got {self.seeds!r}")
+        if not self.arms or len(set(self.arms)) != len(self.arms):
+            raise UsageError(f"arms: expected distinct arms, got {self.arms!r}")
+        if "random" in self.arms and "envace" not in self.arms:
+            raise UsageError("arms: random takes the norm of envace's update; add envace")
+        if not self.private_budgets or any(not isinstance(b, int) or b < 0 for b in self.private_budgets):
+            raise UsageError(f"private_budgets: expected integers >= 0, got {self.private_budgets!r}")
+        unknown = sorted(set(self.private_seeds or []) - set(self.seeds))
+        if unknown:
+            raise UsageError(f"private_seeds: {unknown[0]} is not one of the seeds {self.seeds}")
+
+    @property
+    def swept(self) -> list[int]:
+        return self.seeds if self.private_seeds is None else self.private_seeds
+
+
+@dataclass(frozen=True)
+class Study:
+    """A study file, read and checked: the design, the evaluation's rollout config and the training recipe."""
+
+    design: StudyConfig
+    evaluation: RolloutConfig
+    recipe: TrainConfig
+
+    @classmethod
+    def load(cls, path: str | Path) -> Study:
+        raw = load_toml(path)
+        for table in ("study", "rollout", "train"):
+            if not isinstance(raw.get(table), dict):
+                raise UsageError(f"{path} has no [{table}] table")
+        unknown = sorted(set(raw) - {"study", "rollout", "train"})
+        if unknown:
+            raise UsageError(f"{path}: unknown table(s) {', '.join(unknown)} (a study has [study], [rollout] and "
+                             "[train])")
+        design = StudyConfig.from_dict(raw["study"], where=f"{path} [study]")
+        evaluation = RolloutConfig.from_dict(raw["rollout"], where=f"{path} [rollout]")
+        recipe = TrainConfig.from_dict(raw["train"], where=f"{path} [train]")
+        if not recipe.sft_tasks or not recipe.sft_epochs:
+            raise UsageError(f"{path} [train]: a study starts every seed with its own SFT; set sft_tasks and "
+                             "sft_epochs")
+        if recipe.grpo_pool_overlap or recipe.grpo_units is not None:
+            raise UsageError(f"{path} [train]: the study draws GRPO's pool itself, from tasks SFT never saw; drop "
+                             "grpo_pool_overlap and grpo_units")
+        study = cls(design, replace(evaluation, split="test"), recipe)
+        for arm in design.arms:  # each arm's own checks (caller_only needs lora, …) before anything runs
+            study.arm(arm, seed=design.seeds[0])
+        return study
+
+    def arm(self, arm: str, seed: int, model: str | None = None, units: list[str] | None = None) -> TrainConfig:
+        """The recipe as `arm` trains it from `model` (an SFT checkpoint) on the screened `units`, no SFT of its
+        own; `random`, which is not trained, is checked as envace."""
+        table = {**ARMS.get(arm, {}), "sft_tasks": 0, "seed": seed, "grpo_units": units,
+                 "tasks_per_step": len(units) if units else self.recipe.tasks_per_step}
+        return TrainConfig.from_dict({k: v for k, v in table.items() if v is not None} | (
+            {"model": model} if model else {}), where=f"arm {arm}", base=self.recipe)
+
+    def sft(self, seed: int, tasks: int | None = None) -> TrainConfig:
+        """The recipe's SFT alone, with `seed`, on `tasks` train tasks (unset: the recipe's sft_tasks)."""
+        return replace(self.recipe, seed=seed, grpo_steps=0, eval_every=0, sft_tasks=tasks or self.recipe.sft_tasks)

@@ -1,0 +1,244 @@
+"""`envace study FILE`: the controlled study as one resumable command (the design: `envace/study/__init__.py`).
+
+Every stage is a run named `NAME-<stage>-s<seed>` beside the study's own run (`NAME`, kind `study`), which keeps
+the design, the pools and, at the end, `report.md` and `figure.html`. A re-run keeps every completed stage,
+resumes an interrupted training from its `state.pt` and plays any other interrupted stage again from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from envace import compare
+from envace.config import PrivateOptions, RolloutConfig
+from envace.envs import registry
+from envace.errors import UsageError
+from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
+from envace.store import Run, check_run_id, connect, get_run
+from envace.study import report
+from envace.study.config import Study
+from envace.study.random_update import random_update
+from envace.study.screen import spread_units
+from envace.training.pool import inherited
+from envace.types import task_group
+
+
+class Stages:
+    """The study's runs under `root`: which are done, and doing one once."""
+
+    def __init__(self, root: Path, name: str, total: int, reporter: Reporter):
+        self.root, self.name, self.total, self.reporter, self.at = root, name, total, reporter, 0
+
+    def run(self, stage: str, seed: int) -> str:
+        return f"{self.name}-{stage}-s{seed}"
+
+    def completed(self, run: str) -> bool:
+        meta = self.root / run / "run.json"
+        return meta.exists() and get_run(self.root, run).get("status") == "completed"
+
+    def checkpoint(self, stage: str, seed: int) -> str:
+        return str(self.root / self.run(stage, seed) / "checkpoint")
+
+    def once(self, stage: str, seed: int, job) -> None:
+        """`job(run name, resume)` unless the stage completed before; an unfinished run is resumed when it can
+        be (`job` says so by taking `resume`), else removed and done again."""
+        run = self.run(stage, seed)
+        self.at += 1
+        if self.completed(run):
+            self.reporter.say(f"[{self.at}/{self.total}] {run}: done already, kept")
+            return
+        resume = (self.root / run / "state.pt").exists()
+        if (self.root / run).exists() and not resume:
+            shutil.rmtree(self.root / run)
+        self.reporter.say(f"[{self.at}/{self.total}] {run}" + (" (resumed)" if resume else ""))
+        job(run, resume)
+
+
+def _pool_tasks(study: Study, sft: str) -> list[str]:
+    """The uids of the first `pool_tasks` train tasks the SFT checkpoint `sft` never saw."""
+    cfg = study.recipe.rollout
+    seen = inherited(sft)
+    tasks = registry.get(cfg.env).load_tasks(cfg.category, "train")
+    unseen = [t.uid for t in tasks if task_group(t) not in seen][: study.design.pool_tasks]
+    if not unseen:
+        raise UsageError(f"pool_tasks: every {cfg.category} train task is in a scenario SFT trained on")
+    return unseen
+
+
+def screen_config(study: Study, model: str, seed: int) -> RolloutConfig:
+    """The pool sampled as GRPO samples it (the rehearsed world, G per unit, the recipe's temperature), with one
+    seed per study seed: the screens before and after training draw episode k of a unit alike, so they pair."""
+    g = study.design.screen_group_size
+    return replace(study.recipe.rollout, model=model, split="train", mode="rehearse", limit=None, offset=0,
+                   group_size=g, batch_size=max(study.recipe.rollout.batch_size, 4 * g), seed=seed,
+                   private=PrivateOptions(), real_fraction=0.0, shadow_fraction=0.0, frozen_rehearser=False)
+
+
+def study_job(path: str | Path, root: str | Path = "runs", name: str | None = None,
+              reporter: Reporter | None = None) -> tuple[Run, Path]:
+    """Run (or go on with) the study in `path` under `root`; returns its run and the report's path."""
+    reporter = reporter or Reporter()
+    study, root = Study.load(path), Path(root)
+    name = check_run_id(name or Path(path).stem)
+    design = study.design
+    config = {"study": asdict(design), "rollout": asdict(study.evaluation), "train": asdict(study.recipe)}
+    run = _study_run(root, name, config)
+    per_seed = 4 + 4 * len(design.arms)
+    stages = Stages(root, name, 2 * len(design.floor_sizes) + len(design.seeds) * per_seed + len(design.swept),
+                    reporter)
+    saved = run.path / "pools.json"  # each seed's pool, once chosen: a re-run trains on the same units
+    pools: dict[int, dict[str, Any]] = {int(k): v for k, v in json.loads(saved.read_text()).items()} \
+        if saved.exists() else {}
+    with run.running():
+        floor = _floor(study, stages)
+        for seed in design.seeds:
+            _seed(study, stages, seed, pools, saved, floor["chosen"])
+            if seed in design.swept:
+                stages.once("private", seed, lambda r, _, s=seed: sweep_job(
+                    r, {"sft": stages.checkpoint(sft_stage(floor["chosen"]), s), "envace":
+                        stages.checkpoint("envace", s)},
+                    design.private_modes, design.private_budgets, study.evaluation, root, reporter))
+        out = write_report(study, stages, pools, floor, run.path)
+    run.update(status="completed", summary={"report": str(out), "stages": stages.total})
+    reporter.say(f"report: {out}")
+    return run, out
+
+
+def _study_run(root: Path, name: str, config: dict[str, Any]) -> Run:
+    """The study's own run, created, or reopened by a re-run of the same design (another design under the same
+    name would mix two studies' stages: refused)."""
+    if not (root / name / "run.json").exists():
+        return Run.create(root, "study", config, config["train"]["model"], name)
+    stored = get_run(root, name)
+    if stored.get("kind") != "study" or stored.get("config") != json.loads(json.dumps(config)):
+        raise UsageError(f"run '{name}' in {root} is not this study (another design or kind): pick another --name")
+    run = Run(root, name)
+    run.update(status="running", pid=os.getpid())
+    return run
+
+
+def _floor(study: Study, stages: Stages) -> dict[str, Any]:
+    """The base off the floor: each of `floor_sizes` SFT'd with the first seed and evaluated on every test turn
+    (stages `sft-nN`, `eval-sft-nN`: the first seed's own SFT, of the size chosen, is one of them). `chosen` is
+    the size the seeds' SFT takes (the smallest whose success reaches floor_target, else the largest; the
+    recipe's sft_tasks without floor_sizes), `success` each size's share of test turns succeeded."""
+    design, root = study.design, stages.root
+    if not design.floor_sizes:
+        return {"chosen": study.recipe.sft_tasks, "success": {}}
+    seed, success = design.seeds[0], {}
+    for n in sorted(design.floor_sizes):
+        cfg = study.sft(seed, n)
+        stages.once(f"sft-n{n}", seed, lambda r, resume, cfg=cfg: train_job(
+            cfg, root, None if resume else r, r if resume else None, stages.reporter))
+        checkpoint = stages.checkpoint(f"sft-n{n}", seed)
+        stages.once(f"eval-sft-n{n}", seed, lambda r, _, c=checkpoint: eval_job(c, study.evaluation, root, r,
+                                                                                 stages.reporter))
+        success[n] = float(get_run(root, stages.run(f"eval-sft-n{n}", seed))["summary"]["success_rate"])
+    reached = [n for n, rate in success.items() if rate >= design.floor_target]
+    chosen = min(reached) if reached else max(success)
+    stages.reporter.say(f"SFT size: {chosen} train tasks (" + (f"the smallest with success ≥ {design.floor_target:.0%}"
+                        if reached else f"none reached {design.floor_target:.0%}: the largest") + ")")
+    return {"chosen": chosen, "success": success}
+
+
+def sft_stage(tasks: int) -> str:
+    """The SFT stage of `tasks` train tasks (a floor size's and a seed's SFT of that size are one stage)."""
+    return f"sft-n{tasks}"
+
+
+def _seed(study: Study, stages: Stages, seed: int, pools: dict[int, dict[str, Any]], saved: Path,
+          sft_tasks: int) -> None:
+    """One seed's SFT, screen and arms (the module docstring); its pool, once chosen, goes into `pools` and the
+    file `saved`, so a re-run trains on the same units."""
+    root, say = stages.root, stages.reporter.say
+    stage = sft_stage(sft_tasks)
+    stages.once(stage, seed, lambda r, resume: train_job(study.sft(seed, sft_tasks), root, None if resume else r,
+                                                         r if resume else None, stages.reporter))
+    sft = stages.checkpoint(stage, seed)
+    _measure(study, stages, stage, seed, sft)
+    tasks = _pool_tasks(study, sft)
+    stages.once(f"screen-{stage}", seed, lambda r, _: rollout_job(screen_config(study, sft, seed), root, r,
+                                                             reporter=stages.reporter, only=tasks))
+    pool = pools.get(seed)
+    if pool is None:
+        units, spread = spread_units(connect(root), stages.run(f"screen-{stage}", seed), study.design.pool_max)
+        pool = {"units": units, "spread": spread, "tasks": tasks}
+        if not spread:
+            say(f"seed {seed}: no unit of the screen has rewards that differ; the arms train on {len(units)} of "
+                "its units, where no GRPO group has a signal")
+        pools[seed] = pool
+        saved.write_text(json.dumps(pools, indent=1))
+    for arm in study.design.arms:
+        if arm == "random":
+            stages.once("random", seed, lambda r, _: _random(study, stages, r, seed, sft_tasks))
+        else:
+            cfg = study.arm(arm, seed, model=sft, units=pool["units"])
+            stages.once(arm, seed, lambda r, resume, cfg=cfg: train_job(cfg, root, None if resume else r,
+                                                                        r if resume else None, stages.reporter))
+        checkpoint = stages.checkpoint(arm, seed)
+        _measure(study, stages, arm, seed, checkpoint)
+        stages.once(f"screen-{arm}", seed, lambda r, _, c=checkpoint: rollout_job(
+            screen_config(study, c, seed), root, r, reporter=stages.reporter, only=tasks))
+
+
+def _measure(study: Study, stages: Stages, stage: str, seed: int, checkpoint: str) -> None:
+    """A checkpoint on every test turn of the evaluation, and the world-model benchmark on the test gold calls."""
+    root, design = stages.root, study.design
+    stages.once(f"eval-{stage}", seed, lambda r, _: eval_job(checkpoint, study.evaluation, root, r, stages.reporter))
+    stages.once(f"wm-{stage}", seed, lambda r, _: world_model_job(
+        checkpoint, replace(study.evaluation, limit=design.world_model_limit), root, r,
+        stages.reporter))
+
+
+def _random(study: Study, stages: Stages, name: str, seed: int, sft_tasks: int) -> None:
+    """The random-update control of this seed, stored as a run holding its checkpoint."""
+    sft, trained = stages.checkpoint(sft_stage(sft_tasks), seed), stages.checkpoint("envace", seed)
+    run = Run.create(stages.root, "random-update", {"start": sft, "trained": trained, "seed": seed}, sft, name)
+    with run.running():
+        summary = random_update(sft, trained, run.path / "checkpoint", seed, study.recipe.dtype)
+    run.update(status="completed", summary=summary)
+
+
+def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any], folder: Path) -> Path:
+    """report.md (and figure.html) in the study's folder from what the stages stored."""
+    design = study.design
+    tables = report.Tables(connect(stages.root), lambda stage, s: stages.run(stage, s), stages.completed,
+                           design.seeds, design.arms, design.swept, design.private_modes, design.private_budgets,
+                           pools, sft_stage(floor["chosen"]))
+    sections = {
+        "Test turns: each arm against the SFT checkpoint it started from": tables.test_turns(),
+        "Test turns: each arm against the controls": tables.controls(),
+        "The pool's screen after training against before": tables.screens(),
+        "World model on the test gold calls: each arm against SFT": tables.world_model(),
+        "Private rehearsal: N imagined attempts against none": tables.private(),
+    }
+    lines = [f"# Study {stages.name}", "", f"Seeds {design.seeds}; arms {', '.join(design.arms)}. Every row pairs "
+             "A and B item by item and pools the seeds; intervals resample tasks.", ""]
+    for seed, pool in sorted(pools.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"- seed {seed}: GRPO on {len(pool['units'])} units of {len(pool['tasks'])} train tasks SFT "
+                     f"never saw ({pool['spread']} of the screen's units had rewards that differ)")
+    if floor["success"]:
+        lines += ["", "## The base off the floor: test-turn success against SFT size (first seed)", "",
+                  compare.markdown(report.floor_table(tables, floor["success"], floor["chosen"])), "",
+                  f"The seeds' SFT uses {floor['chosen']} train tasks: " + (
+                      f"the smallest size whose success reaches {design.floor_target:.0%}."
+                      if floor["success"][floor["chosen"]] >= design.floor_target else
+                      f"no size reached {design.floor_target:.0%}, so the largest; read the rest with that floor in "
+                      "mind.")]
+    shown = {}
+    for title, rows in sections.items():
+        frame, caption = compare.with_holm(rows)
+        lines += ["", f"## {title}", ""]
+        lines += [compare.markdown(frame), "", caption] if rows else ["(no completed pair of stages yet)"]
+        shown[title] = frame
+    out = folder / "report.md"
+    out.write_text("\n".join(lines) + "\n")
+    report.figure({"test turns vs SFT": shown[next(iter(sections))],
+                   "world model vs SFT": shown["World model on the test gold calls: each arm against SFT"]},
+                  folder / "figure.html")
+    return out
