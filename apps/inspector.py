@@ -13,8 +13,8 @@ from apps.common import empty_note, keep_choice, linked, rounded, run_choices, s
 from apps.render import episode_html, tokens_html
 from workbench import Workbench
 
-EPISODE_COLUMNS = ["episode_id", "phase", "task_uid", "success", "checklist", "fidelity", "termination", "n_calls",
-                   "n_parse_errors", "n_rehearsal_errors"]
+EPISODE_COLUMNS = ["episode_id", "phase", "step", "task_uid", "success", "checklist", "fidelity", "termination",
+                   "n_calls", "n_parse_errors", "n_rehearsal_errors"]
 _ANY = "any"
 
 
@@ -46,8 +46,13 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
         roles = gr.CheckboxGroup(["caller", "rehearser"], value=["caller", "rehearser"], label="roles", scale=2)
         token_view = gr.Radio(["off", "log-prob", "advantage"], value="off", label="token view, coloured by",
                               scale=2)
+        previous = gr.Button("← previous", scale=1, elem_id="inspector-previous")
+        following = gr.Button("next →", scale=1, elem_id="inspector-next")
         export = gr.Button("export episode (JSONL)", scale=1)
     download = gr.File(label="export", visible=False)
+    group = gr.Dataframe(label="its GRPO group: the G episodes of this unit at this step, each with its reward and "
+                               "the advantage its rows got (click one to open it)", interactive=False, visible=False,
+                         elem_id="inspector-group")
     view = gr.HTML(elem_id="inspector-view")
 
     @shown_errors
@@ -66,9 +71,19 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     @shown_errors
     def show(run_id, episode_id, roles, tokens):
         if not run_id or not episode_id:
-            return "<div class='empty'>Pick a run and an episode.</div>"
+            return "<div class='empty'>Pick a run and an episode.</div>", gr.Dataframe(visible=False)
+        siblings = wb.group(run_id, episode_id)
+        return view_html(run_id, episode_id, roles, tokens), gr.Dataframe(value=rounded(siblings),
+                                                                          visible=not siblings.empty)
+
+    def view_html(run_id, episode_id, roles, tokens) -> str:
         steps = wb.steps(run_id, episode_id)
-        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id)
+        private = None
+        if run_id in wb.runs_with("memories"):  # what private rehearsal imagined before each turn it rehearsed
+            turns = wb.rehearsed_turns(run_id)
+            private = {int(t): wb.rehearsed_turn(run_id, episode_id, int(t))
+                       for t in turns.loc[turns["episode_id"] == episode_id, "turn"]}
+        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id, private)
         if tokens in (None, "off", False):
             return body
         shown = steps[steps["role"].isin(roles)] if roles else steps
@@ -76,6 +91,14 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
 
     def pick(frame: pd.DataFrame, evt: gr.SelectData):
         return frame.iloc[evt.index[0]]["episode_id"]
+
+    def step(frame: pd.DataFrame, current: str | None, by: int):
+        """The episode `by` rows away from `current` in the listed order (filters and sort as shown), kept in range."""
+        ids = list(frame["episode_id"]) if frame is not None and len(frame) else []
+        if not ids:
+            return current
+        at = ids.index(current) if current in ids else 0
+        return ids[max(0, min(len(ids) - 1, at + by))]
 
     @shown_errors
     def export_episode(run_id, episode_id):
@@ -95,8 +118,11 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
         control.change(list_episodes, filters, [episodes, episode])
     tool.submit(list_episodes, filters, [episodes, episode])
     episodes.select(pick, episodes, episode)
+    previous.click(lambda frame, current: step(frame, current, -1), [episodes, episode], episode)
+    following.click(lambda frame, current: step(frame, current, 1), [episodes, episode], episode)
     for control in (episode, roles, token_view):
-        control.change(show, [run, episode, roles, token_view], view)
+        control.change(show, [run, episode, roles, token_view], [view, group])
+    group.select(pick, group, episode)
     export.click(export_episode, [run, episode], download)
 
     def runs_with_episodes(current, request: gr.Request):

@@ -139,11 +139,30 @@ def _reward(row: dict[str, Any]) -> str:
     return shown if advantage is None or pd.isna(advantage) else f"{shown} · advantage {float(advantage):+.3f}"
 
 
+def private_html(turn: dict[str, pd.DataFrame]) -> str:
+    """One privately rehearsed turn (`Workbench.rehearsed_turn`): the memory the committed turn saw (or why there
+    was none), then each imagined attempt's transcript, folded."""
+    memory = turn["memory"].to_dict("records")[0] if len(turn["memory"]) else {}
+    kind, error = _text(memory.get("memory_kind")) or "memory", _text(memory.get("memory_error"))
+    written = (f'<span class="error">no memory: {escape(error)}</span>' if error else
+               f'<pre style="{_WRAP}">{escape(_text(memory.get("memory"))) or "(empty)"}</pre>')
+    attempts = "".join(
+        f'<details class="imagined"><summary>attempt {a["attempt"] + 1} · {a["n_calls"]} call(s) · '
+        f'{escape(_text(a["termination"]))}</summary><pre style="{_WRAP}">{escape(_text(a["transcript"]))}</pre>'
+        "</details>" for a in turn["imagined"].to_dict("records"))
+    n = len(turn["imagined"])
+    return (f'<details class="private" open><summary>private rehearsal before this turn: {n} imagined attempt'
+            f'{"s" * (n != 1)} ({escape(_text(memory.get("mode")))}), then its {escape(kind)}</summary>'
+            f'<div><b>{escape(kind)}</b> (added to the user message the policy then answered for real){written}</div>'
+            f"{attempts}</details>")
+
+
 def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...] = ("caller", "rehearser"),
-                 episode_id: str = "") -> str:
-    """The episode aligned turn by turn: user message, each caller message with its calls, each call's
-    pair; the rehearser row that answered a call is shown under it with its reward, advantage and raw text (open
-    when the rehearsal was malformed)."""
+                 episode_id: str = "", private: dict[int, dict[str, pd.DataFrame]] | None = None) -> str:
+    """The episode aligned turn by turn: user message, what private rehearsal imagined and wrote down before the
+    turn (`private`: turn → `Workbench.rehearsed_turn`), each caller message with its calls, each call's pair; the
+    rehearser row that answered a call is shown under it with its reward, advantage and raw text (open when the
+    rehearsal was malformed)."""
     opening = f'<div class="episode" data-episode="{escape(episode_id)}">'
     if steps.empty:
         return opening + "This episode has no stored generations.</div>"
@@ -169,6 +188,8 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
         if row["turn_step"] == 0:
             parts.append(f'<h4>Turn {row["turn"] + 1}</h4><div class="user"><b>user</b> '
                          f'{escape(_text(row["user_message"]))}</div>')
+            if private and row["turn"] in private:
+                parts.append(private_html(private[row["turn"]]))
         if "caller" in roles:
             error = (f' <span class="error">malformed: {escape(_label(ERROR_LABELS, row["parse_error"]))}</span>'
                      if _text(row["parse_error"]) else "")

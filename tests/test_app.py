@@ -132,6 +132,11 @@ def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
     marks = browser.find_elements(By.CSS_SELECTOR, "#inspector-view mark.diff-added")
     assert marks and all(m.is_displayed() for m in marks[:3])
     assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view table.diff")
+    # previous / next walk the listed episodes in their order
+    browser.find_element(By.ID, "inspector-previous").click()
+    wait.until(lambda d: "invented_by_rehearser" not in d.find_element(*view).text)
+    browser.find_element(By.ID, "inspector-next").click()
+    wait.until(lambda d: "invented_by_rehearser" in d.find_element(*view).text)
     shot = tmp_path / "inspector.png"
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
@@ -227,6 +232,10 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     shots.mkdir(parents=True, exist_ok=True)
     wb = Workbench(real_store)
     opened = 0
+    rehearsed = {r: set(wb.rehearsed_turns(r)["episode_id"]) for r in wb.runs_with("memories")}
+    grpo = {r: set(e.loc[e["phase"] == "grpo", "episode_id"]) for r in wb.runs_with("episodes")
+            if len(e := wb.episodes(r))}
+    assert rehearsed and grpo.get("train")
     for run in sorted(wb.runs_with("episodes")):
         expected = list(wb.episodes(run)["episode_id"])
         browser.get(real_app_url + f"?run={run}")
@@ -237,6 +246,11 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
             shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}']")
             WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
             assert _toasts(browser) == [], (run, episode)
+            if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
+                assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view details.private"), (run, episode)
+            if episode in grpo.get(run, ()):  # its GRPO group beside it: G = 2 episodes, each with its advantage
+                row = (By.CSS_SELECTOR, "#inspector-group [data-testid='cell-1-0']")
+                WebDriverWait(browser, 60).until(lambda d, r=row: d.find_elements(*r))
             opened += 1
         if run == "demo":
             browser.save_screenshot(str(shots / "inspector.png"))

@@ -41,6 +41,31 @@ def test_every_episode_of_every_run_renders(real_store):
     assert opened >= 8
 
 
+def test_a_privately_rehearsed_episode_shows_its_memory_and_imagined_attempts_in_its_turn(real_store):
+    from html import escape
+
+    from apps.render import episode_html
+    from workbench import Workbench
+
+    wb = Workbench(real_store)
+    shown = 0
+    for run in sorted(wb.runs_with("memories")):
+        turns = wb.rehearsed_turns(run)
+        for episode, rows in turns.groupby("episode_id"):
+            private = {int(t): wb.rehearsed_turn(run, episode, int(t)) for t in rows["turn"]}
+            html = episode_html(wb.steps(run, episode), wb.calls(run, episode), episode_id=episode, private=private)
+            assert html.count('<details class="private"') == len(private)
+            for turn in private.values():
+                assert html.count('<details class="imagined">') >= len(turn["imagined"]) > 0
+                for transcript in turn["imagined"]["transcript"]:
+                    assert escape(transcript) in html  # every imagined attempt, word for word
+                memory = turn["memory"].iloc[0]
+                assert (f"no memory: {escape(memory['memory_error'])}" if memory["memory_error"] else
+                        escape(memory["memory"]) or "(empty)") in html
+            shown += 1
+    assert shown  # the sweep's N = 1 cell: its episode rehearsed each turn
+
+
 @pytest.mark.parametrize("run", RUNS)
 def test_show_and_fidelity_work_on_every_kind_of_run(real_store, run):
     for command in ("show", "fidelity"):

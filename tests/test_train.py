@@ -435,6 +435,13 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     html = episode_html(steps, wb.calls("t", rehearsed))
     assert all(escape(t) in html for t in rehearsals["completion_text"])  # what the rehearser wrote, word for word
     assert 'class="caller"' in html and "white-space:pre-wrap" in html.split('class="caller"')[1].split("</pre>")[0]
+    # an episode's GRPO group side by side: its G episodes, each caller advantage its reward minus one baseline
+    # (the mean over the group's caller rows)
+    group = wb.group("t", episode)
+    assert len(group) == 4 and episode in set(group["episode_id"]) and group["reward"].nunique() > 1
+    baseline = group["reward"] - group["caller_advantage"]
+    assert baseline.to_numpy() == pytest.approx([baseline.iloc[0]] * 4, abs=1e-6)
+    assert wb.group("t", "no-such-episode").empty
 
 
 def test_sft_summariser_rows_render_the_prompt_private_rehearsal_sends(bfcl, tiny):

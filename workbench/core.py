@@ -146,6 +146,21 @@ class Workbench:
             f"ORDER BY e.success {order}, e.checklist {order}, f.fidelity {order} NULLS LAST, e.episode_id "
             f"LIMIT {int(limit)}", params)
 
+    def group(self, run_id: str, episode_id: str) -> pd.DataFrame:
+        """The GRPO group of a training episode side by side: the G episodes of its unit at its step, each with its
+        reward (the checklist both roles share), success, the advantage the update gave its caller's and its
+        rehearser's rows (their mean), and how it ended. Empty for an episode outside GRPO."""
+        episodes, generations = self._source("episodes", run_id), self._source("generations", run_id)
+        run = check_run_id(run_id)
+        return self._df(
+            f"WITH me AS (SELECT step, task_uid FROM {episodes} WHERE run_id = ? AND episode_id = ? "
+            "AND phase = 'grpo') SELECT e.episode_id, e.checklist AS reward, e.success, "
+            "avg(g.advantage) FILTER (g.role = 'caller') AS caller_advantage, "
+            "avg(g.advantage) FILTER (g.role = 'rehearser') AS rehearser_advantage, e.termination "
+            f"FROM {episodes} e JOIN me USING (step, task_uid) LEFT JOIN {generations} g "
+            "ON g.run_id = e.run_id AND g.episode_id = e.episode_id "
+            "WHERE e.run_id = ? AND e.phase = 'grpo' GROUP BY ALL ORDER BY e.episode_id", [run, episode_id, run])
+
     @staticmethod
     def _errors_sql(calls: str, generations: str) -> str:
         return (f"SELECT run_id, episode_id, error_kind AS kind FROM {calls} WHERE error_kind <> '' "
