@@ -121,37 +121,47 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                            allow_custom_value=True, scale=3, elem_id="training-runs")
         phase = gr.Radio(["grpo", "sft", "eval"], value="grpo", label="phase", scale=2)
         smoothing = gr.Slider(0, 0.95, value=0, step=0.05, label="smoothing (moving average)", scale=1)
+    with gr.Row():
+        picked = gr.Dropdown(label="metrics (empty: the usual ones)", choices=[], value=[], multiselect=True,
+                             scale=3, elem_id="training-metrics")
+        x_axis = gr.Radio(list(figures.X_AXES), value="step", label="x-axis", scale=2, elem_id="training-x")
     curves = gr.Plot()
     timeline = gr.Plot(label="actors and learner (the first run picked)")
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
 
     @shown_errors
-    def draw(run_ids, phase, smoothing):
+    def draw(run_ids, phase, smoothing, chosen, x):
         run_ids = [r for r in (run_ids or []) if r]
         if not run_ids:
-            return empty_note("training runs", "train"), None, None, None
+            return empty_note("training runs", "train"), None, None, None, gr.Dropdown(choices=[])
         long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
         if long.empty:
-            return f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None, None
-        names = figures.TRAINING_METRICS if phase == "grpo" else tuple(sorted(set(long["name"])))
+            return (f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None, None,
+                    gr.Dropdown(choices=[]))
+        available = figures.curve_metrics(long, phase)
+        chosen = [n for n in (chosen or []) if n in available]
+        usual = [n for n in figures.TRAINING_METRICS if n in available] if phase == "grpo" else available
+        names = tuple(chosen or usual)
         spans = figures.step_timeline(long[long["run_id"] == run_ids[0]]) if phase == "grpo" else None
         last = long[(long["step"] == long.groupby("run_id")["step"].transform("max"))
                     & ~long["name"].str.endswith("_t")]  # a span's wall-clock start is for the timeline only
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
-        return "", figures.training_curves(long, names, smoothing), spans, rounded(table.reset_index(), 4)
+        return ("", figures.training_curves(long, names, smoothing, phase, x), spans, rounded(table.reset_index(), 4),
+                gr.Dropdown(choices=available, value=chosen))
 
     def choices(current, request: gr.Request):
         wanted = current or ([linked(request)] if linked(request) else None)
         return keep_choice(run_choices(wb.runs(), kinds=("train",)), wanted, multiselect=True)
 
-    def follow(run_ids, phase, smoothing):
+    def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
         running = set(wb.runs().query("status == 'running'")["run_id"])
-        return draw(run_ids, phase, smoothing) if set(run_ids or []) & running else (gr.skip(),) * 4
+        return draw(run_ids, phase, smoothing, chosen, x) if set(run_ids or []) & running else (gr.skip(),) * 5
 
+    inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, table, picked]
     gr.on([app.load, timer.tick], choices, runs, runs)
-    gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release], draw, [runs, phase, smoothing],
-          [note, curves, timeline, table], api_name="training")
-    timer.tick(follow, [runs, phase, smoothing], [note, curves, timeline, table])
+    gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
+          inputs, outputs, api_name="training")
+    timer.tick(follow, inputs, outputs)
     return runs

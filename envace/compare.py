@@ -57,8 +57,9 @@ def with_holm(rows: list[dict]) -> tuple[pd.DataFrame, str]:
     for k, column in enumerate(P_COLUMNS):
         frame.insert(frame.columns.get_loc(column) + 1, f"Holm {column}", adjusted[:, k])
     n = int((~np.isnan(ps)).sum())
-    return frame, (f"Holm: adjusted over the family of this table's {n} tests ({len(frame)} comparisons × McNemar "
-                   "on scored and the sign-flip permutation test by task); a finding is Holm p ≤ 0.05.")
+    return frame, (f"Holm: adjusted over the family of this table's {n} tests ({len(frame)} comparison"
+                   f"{'s' * (len(frame) != 1)} × McNemar on scored and the sign-flip permutation test by task); a "
+                   "finding is Holm p ≤ 0.05.")
 
 
 def markdown(frame: pd.DataFrame) -> str:

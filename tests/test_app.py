@@ -1,5 +1,6 @@
 """The real app on a free localhost port, over a real store: driven through its API and in headless Chromium."""
 
+import json
 import socket
 from pathlib import Path
 
@@ -59,10 +60,21 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
-    note, curves, spans, last = client.predict(["trained"], "grpo", 0.5, api_name="/training")
+    note, curves, spans, last, picked = client.predict(["trained"], "grpo", 0.5, [], "step", api_name="/training")
     assert curves and "reward_mean" in {r[0] for r in last["data"]} and note == ""
     assert spans and not any(r[0].endswith("_t") for r in last["data"])  # the timeline, and no clock in the table
-    note, curves, _, _ = client.predict([], "grpo", 0, api_name="/training")
+    names = [c[0] for c in picked["choices"]]
+    assert "loss" in names and not any(n.endswith("_t") or n == "epoch" for n in names)
+    _, curves, *_ = client.predict(["trained"], "grpo", 0, ["loss"], "tokens", api_name="/training")
+    figure = json.loads(curves["plot"])
+    assert [a["text"] for a in figure["layout"]["annotations"]] == ["policy loss"]  # the one metric picked
+    assert figure["layout"]["xaxis"]["title"]["text"] == "tokens trained on"
+    _, curves, *_ = client.predict(["trained"], "sft", 0, [], "step", api_name="/training")
+    figure = json.loads(curves["plot"])
+    titles = {v.get("title", {}).get("text") for k, v in figure["layout"].items() if k.startswith("xaxis")}
+    assert "SFT step" in titles and not any("GRPO" in str(t) for t in titles)  # its own axis, not GRPO's
+    assert "epoch" not in [a["text"] for a in figure["layout"]["annotations"]]
+    note, curves, *_ = client.predict([], "grpo", 0, [], "step", api_name="/training")
     assert curves is None and "envace train" in note  # one empty-state rule: what is missing, what makes it
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
     budget = turns["headers"].index("budget")

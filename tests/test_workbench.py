@@ -71,6 +71,12 @@ def test_export_and_figures(store, tmp_path):
         wb.export(wb.episodes(), tmp_path / "e.xlsx")
     fig = training_curves(wb.training("trained"))
     assert {t.name for t in fig.data} >= {"caller"}
+    # against tokens trained on: each point's x is the run's running sum of its steps' tokens
+    long = wb.training("trained")
+    tokens = long[(long["name"] == "tokens") & (long["role"] == "all")].sort_values("step")["value"].cumsum()
+    fig = training_curves(long, ("loss",), x="tokens")
+    assert fig.layout.xaxis.title.text == "tokens trained on"
+    assert sorted({x for t in fig.data for x in t.x}) == pytest.approx(sorted(set(tokens)))
     sweep = pd.DataFrame({"label": ["base"] * 3, "mode": ["none", "parallel", "sequential"], "budget": [0, 2, 2],
                           "checklist": [0.1, 0.2, 0.05], "private_tokens_per_episode": [0, 300, 280]})
     names = [t.name for t in budget_curves(sweep).data]

@@ -77,31 +77,65 @@ def budget_curves(sweep: pd.DataFrame, metric: str = "checklist") -> go.Figure:
 
 
 TRAINING_METRICS = ("reward_mean", "signal_groups", "adv_abs_mean", "loss", "entropy", "grad_norm", "error_rate")
+# What each phase's step counts, and what a training curve may be drawn against besides it: the running sum of a
+# per-step metric of the run (`all` role), so runs of different speeds or batch sizes line up.
+STEP_AXES = {"grpo": "GRPO step (1 = the first update)", "sft": "SFT step", "eval": "updates before the evaluation"}
+X_AXES = {"step": None, "wall time": ("step_s", "seconds of GRPO steps"), "tokens": ("tokens", "tokens trained on")}
+
+
+def curve_metrics(metrics: pd.DataFrame, phase: str = "grpo") -> list[str]:
+    """The metrics worth a curve in one phase's long frame: every stored name but the bookkeeping (an SFT step's
+    epoch, a span's wall-clock start, each Ray actor's share), the default ones first."""
+    names = [n for n in dict.fromkeys(metrics["name"]) if n != "epoch" and not n.endswith("_t")
+             and actor_of(n) is None]
+    first = [n for n in (TRAINING_METRICS if phase == "grpo" else ()) if n in names]
+    return first + sorted(n for n in names if n not in first)
+
+
+def _x(metrics: pd.DataFrame, phase: str, x: str) -> tuple[pd.Series, str]:
+    """Each row's x and the axis title: its step (SFT and GRPO from 1; an evaluation at the updates before it), or
+    the running sum of `X_AXES[x]`'s metric up to its step in its run; its step where the run has none."""
+    step = metrics["step"] + (0 if phase == "eval" else 1)
+    if X_AXES.get(x) is None or phase == "eval":
+        return step, STEP_AXES.get(phase, "step")
+    name, title = X_AXES[x]
+    runs = metrics["run_id"] if "run_id" in metrics else pd.Series("", index=metrics.index)
+    per_step = metrics[(metrics["name"] == name) & (metrics["role"] == "all")].assign(run=runs)
+    if per_step.empty:
+        return step, STEP_AXES.get(phase, "step") + f" (no {name} stored)"
+    per_step = per_step.sort_values("step")
+    per_step["x"] = per_step.groupby("run")["value"].cumsum()
+    lookup = dict(zip(zip(per_step["run"], per_step["step"], strict=True), per_step["x"], strict=True))
+    return pd.Series([lookup.get(k, float("nan")) for k in zip(runs, metrics["step"], strict=True)],
+                     index=metrics.index), title
 
 
 def training_curves(metrics: pd.DataFrame, names: tuple[str, ...] = TRAINING_METRICS,
-                    smoothing: float = 0.0) -> go.Figure:
+                    smoothing: float = 0.0, phase: str = "grpo", x: str = "step") -> go.Figure:
     """One panel per metric, one line per role (and per run, when `metrics` has a `run_id` column holding
-    several), against the GRPO step (1 = the first update)."""
+    several), against the phase's step, or the run's wall time or trained tokens so far (`X_AXES`)."""
     shown = [n for n in names if n in set(metrics["name"])]
     fig = make_subplots(rows=max(len(shown), 1), cols=1, shared_xaxes=True,
                         subplot_titles=[LABELS.get(n, n) for n in shown], vertical_spacing=0.06)
     runs = metrics["run_id"].nunique() if "run_id" in metrics else 1
     keys = ["run_id", "role"] if runs > 1 else ["role"]
+    xs, title = _x(metrics, phase, x)
+    metrics = metrics.assign(x=xs)
     seen: set[str] = set()
     for row, name in enumerate(shown, 1):
         for key, part in metrics[metrics["name"] == name].groupby(keys):
             label = " · ".join(key) if isinstance(key, tuple) else str(key)
             part = part.sort_values("step")
-            fig.add_trace(go.Scatter(x=part["step"] + 1, y=smooth(part["value"], smoothing), mode="lines+markers",
+            fig.add_trace(go.Scatter(x=part["x"], y=smooth(part["value"], smoothing), mode="lines+markers",
                                      name=label, legendgroup=label, showlegend=label not in seen), row=row, col=1)
             seen.add(label)
         if name in UNIT_METRICS:
             fig.update_yaxes(range=[-0.02, 1.02], row=row, col=1)
-    _style(fig, "Training, per role" + (" and run" if runs > 1 else ""), "GRPO step", integer_x=True,
-           height=200 * max(len(shown), 1) + 120)
+    phase_title = {"grpo": "GRPO", "sft": "SFT", "eval": "Evaluations"}.get(phase, phase)
+    _style(fig, f"{phase_title}, per role" + (" and run" if runs > 1 else ""), title,
+           integer_x=X_AXES.get(x) is None, height=200 * max(len(shown), 1) + 120)
     fig.update_xaxes(title_text="")
-    fig.update_xaxes(title_text="GRPO step", row=max(len(shown), 1), col=1)
+    fig.update_xaxes(title_text=title, row=max(len(shown), 1), col=1)
     return fig
 
 
