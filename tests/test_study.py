@@ -134,6 +134,7 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     (('arms = ["envace", "control", "random"]', 'arms = ["control", "random"]'), "random takes the norm"),
     (("sft_tasks = 1", "sft_tasks = 0"), "its own SFT"),
     (("seeds = [0, 1]", "seeds = [0, 0]"), "distinct seeds"),
+    (('arms = ["envace", "control", "random"]', 'arms = ["control"]'), "add envace to arms"),
     (("floor_sizes = [1, 2]", "floor_sizes = [0]"), "floor_sizes"),
     (("[rollout]\n", "[nope]\n[rollout]\n"), "unknown table"),
 ])

@@ -67,6 +67,9 @@ class StudyConfig(Config):
             raise UsageError("arms: random takes the norm of envace's update; add envace")
         if not self.private_budgets or any(not isinstance(b, int) or b < 0 for b in self.private_budgets):
             raise UsageError(f"private_budgets: expected integers >= 0, got {self.private_budgets!r}")
+        if self.swept and "envace" not in self.arms:
+            raise UsageError("private_seeds: private rehearsal sweeps each seed's SFT and envace checkpoints; add "
+                             "envace to arms, or set private_seeds = []")
         unknown = sorted(set(self.private_seeds or []) - set(self.seeds))
         if unknown:
             raise UsageError(f"private_seeds: {unknown[0]} is not one of the seeds {self.seeds}")
