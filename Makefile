@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm browser transformers-5.17 gpu-rehearsal gpu-smoke demo test test-fast lint lab bench notebooks-html clean
+.PHONY: install vllm browser transformers-5.17 gpu-rehearsal gpu-smoke demo test test-fast lint lab bench notebooks-html screenshots clean
 
 install: $(STAMP)
 
@@ -91,6 +91,10 @@ notebooks-html: install
 	for nb in notebooks/*.ipynb; do $(BIN)/python -c "import sys; from workbench.notebook import export_html; \
 	  print(export_html(sys.argv[1], '$(ROOT)', 'docs/notebooks/' + sys.argv[1].split('/')[-1][:-6] + '.html'))" $$nb \
 	  || exit 1; done
+
+# Every tab of the app on the newest `make demo` result, as docs/screenshots (README.md shows them).
+screenshots: install browser
+	$(BIN)/python -m apps.screenshots --root $(ROOT) --out docs/screenshots
 
 bench: install
 	$(BIN)/envace bench rollout

@@ -8,8 +8,7 @@ import pytest
 from gradio_client import Client
 
 from apps.app import serve
-
-CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+from apps.screenshots import CHROMIUM, DRIVER, TABS, chromium, open_tab, shoot, toasts
 
 
 def _free_port() -> int:
@@ -36,10 +35,12 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
     assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]
     worst, worst_episode = client.predict("scripted", *filters, "worst first", api_name="/list_episodes")
     assert [r[0] for r in worst["data"]] == [r[0] for r in table["data"]][::-1]
-    html = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], "off", api_name="/show")
+    html, group = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], "off",
+                                 api_name="/show")
     assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
+    assert not group["value"]["data"] and not group.get("visible", True)  # a rollout has no GRPO group
     assert 'class="diff-added"' in html and "invented_by_rehearser" in html  # the drift is marked in place
-    best = client.predict("scripted", episode["value"], ["caller", "rehearser"], "log-prob", api_name="/show")
+    best, _ = client.predict("scripted", episode["value"], ["caller", "rehearser"], "log-prob", api_name="/show")
     assert "no structural difference" in best and 'class="diff-added"' not in best
     assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
     with pytest.raises(Exception, match="invalid run name"):
@@ -101,28 +102,9 @@ def browser(tmp_path):
     if not (CHROMIUM.exists() and DRIVER.exists()):
         pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
                     "and chromium-driver where it can)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(DRIVER)), options=options)
+    driver = chromium(tmp_path / "profile")
     yield driver
     driver.quit()
-
-
-def _open_tab(driver, name: str):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    wait = WebDriverWait(driver, 60)
-    wait.until(ec.element_to_be_clickable((By.XPATH, f"//button[@role='tab' and contains(., '{name}')]"))).click()
-    return wait
 
 
 def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
@@ -130,7 +112,7 @@ def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
     from selenium.webdriver.support import expected_conditions as ec
 
     browser.get(app_url + "?run=scripted")
-    wait = _open_tab(browser, "Inspector")
+    wait = open_tab(browser, "Inspector")
     # the deep link opened the run: its episodes are listed, best first; the first is open already
     view = (By.ID, "inspector-view")
     wait.until(lambda d: "no structural difference" in d.find_element(*view).text)
@@ -183,7 +165,7 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(app_url)
-    _open_tab(browser, "Launch")
+    open_tab(browser, "Launch")
     browser.find_element(By.XPATH, "//button[normalize-space()='start']").click()  # smoke.toml, train
     log = (By.CSS_SELECTOR, "#launch-log textarea")
     WebDriverWait(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
@@ -191,7 +173,7 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     launched = [p.name for p in store.iterdir() if p.name.startswith("train-")]
     assert len(launched) == 1
     # the Runs tab lists it after its next refresh
-    _open_tab(browser, "Runs")
+    open_tab(browser, "Runs")
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
 
 
@@ -202,7 +184,7 @@ def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
     from workbench import Workbench
 
     browser.get(app_url)
-    _open_tab(browser, "Runs")
+    open_tab(browser, "Runs")
     row = list(Workbench(store).runs()["run_id"]).index("paper")  # the table lists runs newest first, as runs()
     cell = (By.CSS_SELECTOR, f"#runs-table [data-testid='cell-{row}-0']")
     WebDriverWait(browser, 60).until(lambda d: d.find_elements(*cell) and "paper" in d.find_element(*cell).text)
@@ -211,7 +193,7 @@ def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
     WebDriverWait(browser, 60).until(lambda d: d.find_elements(*table) and "EnvACE-8B (published)" in
                                      d.find_element(*table).text)
     text = browser.find_element(*table).text
-    assert "this run: paper" in text and "BFCL-v4 (offline overall)" in text and _toasts(browser) == []
+    assert "this run: paper" in text and "BFCL-v4 (offline overall)" in text and toasts(browser) == []
 
 
 @pytest.fixture(scope="module")
@@ -220,12 +202,6 @@ def real_app_url(real_store):
     app = serve(real_store, port=port, block=False)
     yield f"http://127.0.0.1:{port}/"
     app.close()
-
-
-def _toasts(driver) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [t.text for t in driver.find_elements(By.CSS_SELECTOR, "[data-testid='toast-body'], .toast-body")]
 
 
 @pytest.mark.slow
@@ -251,33 +227,41 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     for run in sorted(wb.runs_with("episodes")):
         expected = list(wb.episodes(run)["episode_id"])
         browser.get(real_app_url + f"?run={run}")
-        wait = _open_tab(browser, "Inspector")
+        wait = open_tab(browser, "Inspector")
         for i, episode in enumerate(expected):
             cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
             wait.until(lambda d, c=cell: d.find_elements(*c)).__getitem__(0).click()
             shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}']")
             WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
-            assert _toasts(browser) == [], (run, episode)
+            assert toasts(browser) == [], (run, episode)
             if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
                 assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view details.private"), (run, episode)
             if episode in grpo.get(run, ()):  # its GRPO group beside it: G = 2 episodes, each with its advantage
                 row = (By.CSS_SELECTOR, "#inspector-group [data-testid='cell-1-0']")
                 WebDriverWait(browser, 60).until(lambda d, r=row: d.find_elements(*r))
             opened += 1
-        if run == "demo":
-            browser.save_screenshot(str(shots / "inspector.png"))
     assert opened == sum(len(wb.episodes(r)) for r in wb.runs_with("episodes"))
-    browser.get(real_app_url + "?run=train")
-    for tab, name in (("Runs", "runs"), ("Fidelity", "fidelity"), ("Private rehearsal", "private-rehearsal"),
-                      ("Training", "training"), ("Launch", "launch")):
-        _open_tab(browser, tab)
-        WebDriverWait(browser, 60).until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".pending, .generating"))
-        if tab in ("Fidelity", "Training"):  # plots drawn on first open, without picking anything
-            WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot"),
-                                             message=f"no plot in {tab}; toasts {_toasts(browser)}; page: "
-                                                     + browser.find_element(By.TAG_NAME, "body").text[:600])
-        assert _toasts(browser) == [], tab
-        browser.save_screenshot(str(shots / f"{name}.png"))
+    shot = shoot(browser, real_app_url, {"inspector": "demo", "runs": "train", "fidelity": "train",
+                                         "private-rehearsal": "sw", "training": "train", "launch": "train"}, shots)
+    assert [p.name for p in shot] == [f"{name}.png" for _, name in TABS] and all(p.stat().st_size > 10_000
+                                                                               for p in shot)
+
+
+def test_screenshots_take_the_newest_complete_demo_and_say_when_there_is_none(tmp_path, capsys):
+    from apps import screenshots
+    from envace.store import Run
+
+    assert screenshots.main(["--root", str(tmp_path), "--out", str(tmp_path / "shots")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run `make demo` first" in err[0] and not (tmp_path / "shots").exists()
+    for stamp, trained in (("20261201-100000", "completed"), ("20261202-100000", "completed"),
+                           ("20261203-100000", "interrupted")):  # the newest demo stopped in its training
+        for name in (f"demo-{stamp}", f"demo-private-{stamp}", f"demo-train-{stamp}"):
+            Run.create(tmp_path, "rollout", {}, "default", name).update(
+                status=trained if "train" in name else "completed")
+    runs = screenshots.demo_runs(tmp_path)
+    assert runs["training"] == "demo-train-20261202-100000" and runs["inspector"] == "demo-20261202-100000"
+    assert set(runs) == {name for _, name in screenshots.TABS}
 
 
 @pytest.mark.parametrize("name", ["../../escaped", "{tmp}/absolute", "nested/$(x)", "a..b"])
