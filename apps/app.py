@@ -41,6 +41,15 @@ def run_table(wb: Workbench) -> pd.DataFrame:
     return table.fillna("")
 
 
+def matching(frame: pd.DataFrame, query: str | None) -> pd.DataFrame:
+    """The rows of the run table whose name, kind, model or status holds every word of `query` (any case)."""
+    words = (query or "").lower().split()
+    if not words or frame.empty:
+        return frame
+    text = (frame["run"] + " " + frame["kind"] + " " + frame["model"].astype(str) + " " + frame["status"]).str.lower()
+    return frame[[all(w in t for w in words) for t in text]]
+
+
 RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
                "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
@@ -65,8 +74,15 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
                 link_note = gr.Markdown(elem_id="link-note")
                 empty = gr.Markdown(elem_id="empty-state")
                 warnings = gr.Markdown(elem_id="store-warnings")
+                search = gr.Textbox(label="search runs (name, kind, model, status)", placeholder="e.g. train",
+                                    elem_id="runs-search")
                 runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False,
                                     elem_id="runs-table")
+                with gr.Row():
+                    compared = gr.Dropdown(label="compare configs of runs (pick two or more)", choices=[], value=[],
+                                           multiselect=True, scale=3, elem_id="runs-compare")
+                differ = gr.Dataframe(label="the fields where their configs differ", interactive=False,
+                                      visible=False, elem_id="runs-config-diff")
                 suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named "
                                                  "in the headers)", interactive=False, visible=False,
                                            elem_id="suite-table")
@@ -81,10 +97,19 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             with gr.Tab("Launch", id="launch"):
                 launcher.build(app, wb, timer, Path(experiments))
 
-        def refresh():
+        def refresh(query, picked):
             wb.refresh()
             frame = run_table(wb)
-            return empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), frame
+            shown = matching(frame, query)
+            return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), shown,
+                    gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])]))
+
+        @shown_errors
+        def compare_configs(run_ids):
+            run_ids = [r for r in run_ids or [] if r]
+            if len(run_ids) < 2:
+                return gr.Dataframe(visible=False)
+            return gr.Dataframe(value=wb.config_diff(run_ids), visible=True)
 
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):
@@ -110,7 +135,9 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
 
         app.load(follow_link, None, [tabs, link_note])
         # re-read the store on every tick: the tabs see new shards by their next query
-        gr.on([app.load, timer.tick], refresh, None, [empty, warnings, runs])
+        gr.on([app.load, timer.tick, search.change], refresh, [search, compared], [empty, warnings, runs, compared],
+              api_name="refresh")
+        compared.change(compare_configs, compared, differ, api_name="config_diff")
         runs.select(open_run, runs, [tabs, inspected, trained, measured, swept, rehearsed, suite_table])
     return app
 

@@ -27,9 +27,16 @@ def app_url(store):
 
 def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
     client = Client(app_url, verbose=False)
-    empty, warnings, runs = client.predict(api_name="/refresh")
+    empty, warnings, runs, _ = client.predict("", [], api_name="/refresh")
     assert empty == "" and warnings == ""
     assert {"scripted", "shadow", "trained", "sw"} <= {row[0] for row in runs["data"]}
+    _, _, found, _ = client.predict("TRAIN", [], api_name="/refresh")  # search: any case, name/kind/model/status
+    assert {r[0] for r in found["data"]} == {r[0] for r in runs["data"] if "train" in " ".join(map(str, r[:4]))}
+    assert 0 < len(found["data"]) < len(runs["data"])
+    diff = client.predict(["scripted", "trained"], api_name="/config_diff")  # only the fields that differ
+    assert diff["visible"] and diff["value"]["headers"] == ["field", "scripted", "trained"]
+    assert diff["value"]["data"] and all(r[1] != r[2] for r in diff["value"]["data"])
+    assert not client.predict(["scripted"], api_name="/config_diff").get("visible", True)  # one run: no diff
     filters = ("any", 0, 1, "", "any", "any", "any")  # success, checklist range, tool, ended by, fidelity, error
     table, episode = client.predict("scripted", *filters, "best first", api_name="/list_episodes")
     assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]

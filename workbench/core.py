@@ -98,6 +98,26 @@ class Workbench:
             "TRY_CAST(json_extract(summary, '$.well_formed_rate') AS DOUBLE) AS well_formed_rate, "
             "summary FROM runs ORDER BY created_at DESC")
 
+    def config_diff(self, run_ids: list[str]) -> pd.DataFrame:
+        """The config fields (nested tables flattened to dotted keys) on which the runs differ: one row per field,
+        one column per run ("" where a run has no such field)."""
+        from envace.store import get_run
+
+        def flat(config: dict, prefix: str = "") -> dict[str, str]:
+            out: dict[str, str] = {}
+            for key, value in config.items():
+                if isinstance(value, dict):
+                    out.update(flat(value, f"{prefix}{key}."))
+                else:
+                    out[f"{prefix}{key}"] = json.dumps(value)
+            return out
+
+        configs = {r: flat(get_run(self.root, check_run_id(r)).get("config") or {}) for r in run_ids}
+        fields = sorted({k for c in configs.values() for k in c})
+        rows = [{"field": f, **{r: c.get(f, "") for r, c in configs.items()}} for f in fields
+                if len({c.get(f, "") for c in configs.values()}) > 1]
+        return pd.DataFrame(rows, columns=["field", *run_ids])
+
     def headlines(self) -> pd.DataFrame:
         """Per training run, what its last steps say: the caller's mean reward and the share of groups with a
         learning signal at the last GRPO step, and the checklist and rehearsal exact-match of its last evaluation."""
