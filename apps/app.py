@@ -26,10 +26,12 @@ def run_table(wb: Workbench) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=RUN_COLUMNS)
     heads = wb.headlines().set_index("run_id")
+    stored = wb.episode_counts()  # a run with no summary count (training, an interrupted run) still has episodes
     table = pd.DataFrame({
         "run": runs["run_id"], "kind": runs["kind"], "status": runs["status"], "model": runs["model"],
         "created": pd.to_datetime(runs["created"]).dt.strftime("%Y-%m-%d %H:%M"),
-        "episodes": runs["episodes"].map(lambda n: "" if pd.isna(n) else str(int(n))),
+        "episodes": [str(int(n)) if not pd.isna(n) else str(stored.get(r, "")) for r, n in
+                     zip(runs["run_id"], runs["episodes"], strict=True)],
         "success": runs["success_rate"].map(percent), "checklist": runs["checklist"].map(score),
         "well-formed calls": runs["well_formed_rate"].map(percent),
         "GRPO steps": runs["run_id"].map(lambda r: "" if r not in heads.index else f"{heads.at[r, 'steps']:.0f}"),

@@ -25,11 +25,15 @@ def app_url(store):
     app.close()
 
 
-def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url):
+def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url, store):
+    from workbench import Workbench
+
     client = Client(app_url, verbose=False)
     empty, warnings, runs, _ = client.predict("", [], api_name="/refresh")
     assert empty == "" and warnings == ""
     assert {"scripted", "shadow", "trained", "sw"} <= {row[0] for row in runs["data"]}
+    trained = next(r for r in runs["data"] if r[0] == "trained")  # a training run: its stored episodes counted
+    assert int(trained[runs["headers"].index("episodes")]) == len(Workbench(store).episodes("trained"))
     _, _, found, _ = client.predict("TRAIN", [], api_name="/refresh")  # search: any case, name/kind/model/status
     assert {r[0] for r in found["data"]} == {r[0] for r in runs["data"] if "train" in " ".join(map(str, r[:4]))}
     assert 0 < len(found["data"]) < len(runs["data"])

@@ -98,6 +98,13 @@ class Workbench:
             "TRY_CAST(json_extract(summary, '$.well_formed_rate') AS DOUBLE) AS well_formed_rate, "
             "summary FROM runs ORDER BY created_at DESC")
 
+    def episode_counts(self) -> dict[str, int]:
+        """Every run's stored episodes, counted (all phases: a training run's GRPO and evaluation episodes)."""
+        if not self.runs_with("episodes"):
+            return {}
+        counts = self._df("SELECT run_id, count(*) AS n FROM episodes GROUP BY run_id")
+        return dict(zip(counts["run_id"], counts["n"].astype(int), strict=True))
+
     def config_diff(self, run_ids: list[str]) -> pd.DataFrame:
         """The config fields (nested tables flattened to dotted keys) on which the runs differ: one row per field,
         one column per run ("" where a run has no such field)."""
