@@ -4,6 +4,7 @@ real and rehearsed responses side by side, and export it."""
 from __future__ import annotations
 
 import tempfile
+from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -71,7 +72,9 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     @shown_errors
     def show(run_id, episode_id, roles, tokens):
         if not run_id or not episode_id:
-            return "<div class='empty'>Pick a run and an episode.</div>", gr.Dataframe(visible=False)
+            said = (f"No episode of <code>{escape(run_id)}</code> matches these filters: loosen them (success, "
+                    "checklist, tool, ended by, fidelity, error)." if run_id else "Pick a run and an episode.")
+            return f"<div class='empty'>{said}</div>", gr.Dataframe(visible=False)
         siblings = wb.group(run_id, episode_id)
         return view_html(run_id, episode_id, roles, tokens), gr.Dataframe(value=rounded(siblings),
                                                                           visible=not siblings.empty)

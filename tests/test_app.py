@@ -51,6 +51,8 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url, store):
     assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
     assert not group["value"]["data"] and not group.get("visible", True)  # a rollout has no GRPO group
     assert 'class="diff-added"' in html and "invented_by_rehearser" in html  # the drift is marked in place
+    nothing, _ = client.predict("scripted", None, ["caller", "rehearser"], "off", api_name="/show")
+    assert "No episode of <code>scripted</code> matches these filters" in nothing  # not "pick a run"
     best, _ = client.predict("scripted", episode["value"], ["caller", "rehearser"], "log-prob", api_name="/show")
     assert "no structural difference" in best and 'class="diff-added"' not in best
     assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
