@@ -84,10 +84,11 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
 
     @shown_errors
     def draw(sweep_id, metric):
-        if not sweep_id:
-            return empty_note("budget sweep", "sweep"), None, None
+        if not sweep_id:  # no empty plot, no placeholder table: the note says what fills them
+            return empty_note("budget sweep", "sweep"), gr.Plot(visible=False), gr.Dataframe(visible=False)
         frame = wb.sweep(sweep_id)
-        return "", figures.budget_curves(frame, metric), rounded(frame)
+        return "", gr.Plot(figures.budget_curves(frame, metric), visible=True), gr.Dataframe(rounded(frame),
+                                                                                             visible=True)
 
     @shown_errors
     def list_turns(run_id):
@@ -132,12 +133,12 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
     @shown_errors
     def draw(run_ids, phase, smoothing, chosen, x):
         run_ids = [r for r in (run_ids or []) if r]
-        if not run_ids:
-            return empty_note("training runs", "train"), None, None, None, gr.Dropdown(choices=[])
+        hidden = gr.Plot(visible=False), gr.Plot(visible=False), gr.Dataframe(visible=False), gr.Dropdown(choices=[])
+        if not run_ids:  # no empty plot, no placeholder table: the note says what fills them
+            return empty_note("training runs", "train"), *hidden
         long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
         if long.empty:
-            return (f"No {phase} metrics stored for {', '.join(run_ids)} yet.", None, None, None,
-                    gr.Dropdown(choices=[]))
+            return f"No {phase} metrics stored for {', '.join(run_ids)} yet.", *hidden
         available = figures.curve_metrics(long, phase)
         chosen = [n for n in (chosen or []) if n in available]
         usual = [n for n in figures.TRAINING_METRICS if n in available] if phase == "grpo" else available
@@ -147,7 +148,8 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                     & ~long["name"].str.endswith("_t")]  # a span's wall-clock start is for the timeline only
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
-        return ("", figures.training_curves(long, names, smoothing, phase, x), spans, rounded(table.reset_index(), 4),
+        return ("", gr.Plot(figures.training_curves(long, names, smoothing, phase, x), visible=True),
+                gr.Plot(spans, visible=spans is not None), gr.Dataframe(rounded(table.reset_index(), 4), visible=True),
                 gr.Dropdown(choices=available, value=chosen))
 
     def choices(current, request: gr.Request):

@@ -71,28 +71,40 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     assert table["data"][-1][table["headers"].index("exact")] == "1.00 (1.00–1.00)"
     note, *_ = client.predict("shadow", api_name="/fidelity")  # the tiny model's shadow run: no pair at all
     assert "No pairs" in note and "real+shadow" in note
-    note, curves, cells = client.predict("sw", "checklist", api_name="/budget_curves")
+    note, curves, cells = (_shown(v) for v in client.predict("sw", "checklist", api_name="/budget_curves"))
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
     note, curves, spans, last, picked = client.predict(["trained"], "grpo", 0.5, [], "step", api_name="/training")
+    curves, spans, last = _shown(curves), _shown(spans), _shown(last)
     assert curves and "reward_mean" in {r[0] for r in last["data"]} and note == ""
     assert spans and not any(r[0].endswith("_t") for r in last["data"])  # the timeline, and no clock in the table
     names = [c[0] for c in picked["choices"]]
     assert "loss" in names and not any(n.endswith("_t") or n == "epoch" for n in names)
     _, curves, *_ = client.predict(["trained"], "grpo", 0, ["loss"], "tokens", api_name="/training")
-    figure = json.loads(curves["plot"])
+    figure = json.loads(_shown(curves)["plot"])
     assert [a["text"] for a in figure["layout"]["annotations"]] == ["policy loss"]  # the one metric picked
     assert figure["layout"]["xaxis"]["title"]["text"] == "tokens trained on"
     _, curves, *_ = client.predict(["trained"], "sft", 0, [], "step", api_name="/training")
-    figure = json.loads(curves["plot"])
+    figure = json.loads(_shown(curves)["plot"])
     titles = {v.get("title", {}).get("text") for k, v in figure["layout"].items() if k.startswith("xaxis")}
     assert "SFT step" in titles and not any("GRPO" in str(t) for t in titles)  # its own axis, not GRPO's
     assert "epoch" not in [a["text"] for a in figure["layout"]["annotations"]]
-    note, curves, *_ = client.predict([], "grpo", 0, [], "step", api_name="/training")
-    assert curves is None and "envace train" in note  # one empty-state rule: what is missing, what makes it
+    note, curves, spans, last, _ = client.predict([], "grpo", 0, [], "step", api_name="/training")
+    assert "envace train" in note  # one empty-state rule: what is missing, what makes it, and nothing empty drawn
+    assert all(part.get("visible") is False for part in (curves, spans, last))
+    note, curves, cells = client.predict(None, "checklist", api_name="/budget_curves")
+    assert "envace sweep" in note and curves.get("visible") is False and cells.get("visible") is False
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
     budget = turns["headers"].index("budget")
     assert turns["data"] and all(r[budget] == 1 for r in turns["data"])
+
+
+def _shown(value):
+    """A component's value, whether the app returned it bare or as an update that also sets its visibility."""
+    if isinstance(value, dict) and value.get("__type__") == "update":
+        assert value.get("visible", True), value
+        return value.get("value")
+    return value
 
 
 def test_the_app_binds_localhost_only(app_url):
