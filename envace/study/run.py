@@ -20,9 +20,9 @@ from envace.envs import registry
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
 from envace.store import Run, check_run_id, connect, get_run
-from envace.study import report
 from envace.study.config import Study
 from envace.study.random_update import random_update
+from envace.study.report import Tables, figure, floor_table
 from envace.study.screen import spread_units
 from envace.training.pool import inherited
 from envace.types import task_group
@@ -207,7 +207,7 @@ def _random(study: Study, stages: Stages, name: str, seed: int, sft_tasks: int) 
 def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any], folder: Path) -> Path:
     """report.md (and figure.html) in the study's folder from what the stages stored."""
     design = study.design
-    tables = report.Tables(connect(stages.root), lambda stage, s: stages.run(stage, s), stages.completed,
+    tables = Tables(connect(stages.root), lambda stage, s: stages.run(stage, s), stages.completed,
                            design.seeds, design.arms, design.swept, design.private_modes, design.private_budgets,
                            pools, sft_stage(floor["chosen"]))
     sections = {
@@ -224,7 +224,7 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
                      f"never saw ({pool['spread']} of the screen's units had rewards that differ)")
     if floor["success"]:
         lines += ["", "## The base off the floor: test-turn success against SFT size (first seed)", "",
-                  compare.markdown(report.floor_table(tables, floor["success"], floor["chosen"])), "",
+                  compare.markdown(floor_table(tables, floor["success"], floor["chosen"])), "",
                   f"The seeds' SFT uses {floor['chosen']} train tasks: " + (
                       f"the smallest size whose success reaches {design.floor_target:.0%}."
                       if floor["success"][floor["chosen"]] >= design.floor_target else
@@ -238,7 +238,7 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
         shown[title] = frame
     out = folder / "report.md"
     out.write_text("\n".join(lines) + "\n")
-    report.figure({"test turns vs SFT": shown[next(iter(sections))],
+    figure({"test turns vs SFT": shown[next(iter(sections))],
                    "world model vs SFT": shown["World model on the test gold calls: each arm against SFT"]},
                   folder / "figure.html")
     return out
