@@ -252,10 +252,13 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     for run in sorted(wb.runs_with("episodes")):
         expected = list(wb.episodes(run)["episode_id"])
         browser.get(real_app_url + f"?run={run}")
-        wait = open_tab(browser, "Inspector")
+        open_tab(browser, "Inspector")
         for i, episode in enumerate(expected):
             cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
-            wait.until(lambda d, c=cell: d.find_elements(*c)).__getitem__(0).click()
+            # the first row waits for the page's load (the run's episodes listed from the store) as well
+            WebDriverWait(browser, 150 if i == 0 else 60).until(
+                lambda d, c=cell: d.find_elements(*c), message=f"{run}: no row {i} of {len(expected)} listed; "
+                "toasts " + str(toasts(browser))).__getitem__(0).click()
             shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}']")
             WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
             assert toasts(browser) == [], (run, episode)
