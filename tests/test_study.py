@@ -122,6 +122,15 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     with pytest.raises(UsageError, match="share no episode"):  # an eval and a screen: nothing pairs
         episode_pairs(con, "tiny-eval-envace-s0", "tiny-screen-envace-s0")
 
+    # a study stored before a field existed goes on: the field's default is no change of design
+    meta = root / "tiny" / "run.json"
+    stored = json.loads(meta.read_text())
+    del stored["config"]["train"]["algorithm"]
+    meta.write_text(json.dumps(stored))
+    capsys.readouterr()
+    assert main(["study", str(config), "--root", str(root)]) == 0
+    assert capsys.readouterr().out.count("done already, kept") == 37  # every stage, none redone
+
     # the same name with another design is another study: refused before anything runs
     config.write_text(STUDY.replace("pool_max = 2", "pool_max = 1"))
     assert main(["study", str(config), "--root", str(root)]) == 2
