@@ -65,6 +65,43 @@ def tab_of(wb: Workbench, run_id: str, kind: str) -> str:
     return "rehearsal" if run_id in wb.runs_with("memories") else "inspector"
 
 
+def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple[gr.Dataframe, gr.Dataframe, gr.Markdown]:
+    """The hub: every run (searchable), a config diff of the runs picked, and a suite's table. Returns the run
+    table, the suite table and the note a link to an unknown run writes (`build` wires what a click opens)."""
+    link_note = gr.Markdown(elem_id="link-note")
+    empty = gr.Markdown(elem_id="empty-state")
+    warnings = gr.Markdown(elem_id="store-warnings")
+    search = gr.Textbox(label="search runs (name, kind, model, status)", placeholder="e.g. train",
+                        elem_id="runs-search")
+    runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False, elem_id="runs-table")
+    with gr.Row():
+        compared = gr.Dropdown(label="compare configs of runs (pick two or more)", choices=[], value=[],
+                               multiselect=True, scale=3, elem_id="runs-compare")
+    differ = gr.Dataframe(label="the fields where their configs differ", interactive=False, visible=False,
+                          elem_id="runs-config-diff")
+    suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named in the "
+                                     "headers)", interactive=False, visible=False, elem_id="suite-table")
+
+    def refresh(query, picked):
+        wb.refresh()
+        frame = run_table(wb)
+        return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), matching(frame, query),
+                gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])]))
+
+    @shown_errors
+    def compare_configs(run_ids):
+        run_ids = [r for r in run_ids or [] if r]
+        if len(run_ids) < 2:
+            return gr.Dataframe(visible=False)
+        return gr.Dataframe(value=wb.config_diff(run_ids), visible=True)
+
+    # re-read the store on every tick: the tabs see new shards by their next query
+    gr.on([app.load, timer.tick, search.change], refresh, [search, compared], [empty, warnings, runs, compared],
+          api_name="refresh")
+    compared.change(compare_configs, compared, differ, api_name="config_diff")
+    return runs, suite_table, link_note
+
+
 def build(root: str | Path = "runs", experiments: str | Path = "experiments",
           refresh_s: float = REFRESH_S) -> gr.Blocks:
     wb = Workbench(root)
@@ -73,21 +110,7 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
         gr.Markdown(f"## EnvACE Workbench · `{wb.root}`")
         with gr.Tabs() as tabs:
             with gr.Tab("Runs", id="runs"):
-                link_note = gr.Markdown(elem_id="link-note")
-                empty = gr.Markdown(elem_id="empty-state")
-                warnings = gr.Markdown(elem_id="store-warnings")
-                search = gr.Textbox(label="search runs (name, kind, model, status)", placeholder="e.g. train",
-                                    elem_id="runs-search")
-                runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False,
-                                    elem_id="runs-table")
-                with gr.Row():
-                    compared = gr.Dropdown(label="compare configs of runs (pick two or more)", choices=[], value=[],
-                                           multiselect=True, scale=3, elem_id="runs-compare")
-                differ = gr.Dataframe(label="the fields where their configs differ", interactive=False,
-                                      visible=False, elem_id="runs-config-diff")
-                suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named "
-                                                 "in the headers)", interactive=False, visible=False,
-                                           elem_id="suite-table")
+                runs, suite_table, link_note = runs_tab(app, wb, timer)
             with gr.Tab("Inspector", id="inspector"):
                 inspected = inspector.build(app, wb, timer)
             with gr.Tab("Fidelity", id="fidelity") as tab:
@@ -98,20 +121,6 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
                 trained = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch"):
                 launcher.build(app, wb, timer, Path(experiments))
-
-        def refresh(query, picked):
-            wb.refresh()
-            frame = run_table(wb)
-            shown = matching(frame, query)
-            return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), shown,
-                    gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])]))
-
-        @shown_errors
-        def compare_configs(run_ids):
-            run_ids = [r for r in run_ids or [] if r]
-            if len(run_ids) < 2:
-                return gr.Dataframe(visible=False)
-            return gr.Dataframe(value=wb.config_diff(run_ids), visible=True)
 
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):
@@ -136,10 +145,6 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             return gr.Tabs(selected=tab_of(wb, run_id, kinds[run_id])), ""
 
         app.load(follow_link, None, [tabs, link_note])
-        # re-read the store on every tick: the tabs see new shards by their next query
-        gr.on([app.load, timer.tick, search.change], refresh, [search, compared], [empty, warnings, runs, compared],
-              api_name="refresh")
-        compared.change(compare_configs, compared, differ, api_name="config_diff")
         runs.select(open_run, runs, [tabs, inspected, trained, measured, swept, rehearsed, suite_table])
     return app
 

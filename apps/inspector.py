@@ -23,6 +23,27 @@ def _flag(choice: str) -> bool | None:
     return None if choice == _ANY else choice == "yes"
 
 
+def view_html(wb: Workbench, run_id: str, episode_id: str, roles: list[str], tokens: str | None) -> str:
+    """One episode as a transcript (with what private rehearsal imagined before each turn it rehearsed), and the
+    token view below it when asked for."""
+    steps = wb.steps(run_id, episode_id)
+    body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id,
+                        wb.private_turns(run_id, episode_id))
+    if tokens in (None, "off", False):
+        return body
+    shown = steps[steps["role"].isin(roles)] if roles else steps
+    return body + tokens_html(shown, wb.tokenizer(run_id), "advantage" if tokens == "advantage" else "logprob")
+
+
+def step(frame: pd.DataFrame | None, current: str | None, by: int) -> str | None:
+    """The episode `by` rows away from `current` in the listed order (filters and sort as shown), kept in range."""
+    ids = list(frame["episode_id"]) if frame is not None and len(frame) else []
+    if not ids:
+        return current
+    at = ids.index(current) if current in ids else 0
+    return ids[max(0, min(len(ids) - 1, at + by))]
+
+
 def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     note = gr.Markdown(elem_id="inspector-note")
     with gr.Row():
@@ -76,32 +97,11 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
                     "checklist, tool, ended by, fidelity, error)." if run_id else "Pick a run and an episode.")
             return f"<div class='empty'>{said}</div>", gr.Dataframe(visible=False)
         siblings = wb.group(run_id, episode_id)
-        return view_html(run_id, episode_id, roles, tokens), gr.Dataframe(value=rounded(siblings),
+        return view_html(wb, run_id, episode_id, roles, tokens), gr.Dataframe(value=rounded(siblings),
                                                                           visible=not siblings.empty)
-
-    def view_html(run_id, episode_id, roles, tokens) -> str:
-        steps = wb.steps(run_id, episode_id)
-        private = None
-        if run_id in wb.runs_with("memories"):  # what private rehearsal imagined before each turn it rehearsed
-            turns = wb.rehearsed_turns(run_id)
-            private = {int(t): wb.rehearsed_turn(run_id, episode_id, int(t))
-                       for t in turns.loc[turns["episode_id"] == episode_id, "turn"]}
-        body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id, private)
-        if tokens in (None, "off", False):
-            return body
-        shown = steps[steps["role"].isin(roles)] if roles else steps
-        return body + tokens_html(shown, wb.tokenizer(run_id), "advantage" if tokens == "advantage" else "logprob")
 
     def pick(frame: pd.DataFrame, evt: gr.SelectData):
         return frame.iloc[evt.index[0]]["episode_id"]
-
-    def step(frame: pd.DataFrame, current: str | None, by: int):
-        """The episode `by` rows away from `current` in the listed order (filters and sort as shown), kept in range."""
-        ids = list(frame["episode_id"]) if frame is not None and len(frame) else []
-        if not ids:
-            return current
-        at = ids.index(current) if current in ids else 0
-        return ids[max(0, min(len(ids) - 1, at + by))]
 
     @shown_errors
     def export_episode(run_id, episode_id):

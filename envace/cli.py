@@ -426,19 +426,14 @@ def cmd_study(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from envace.store import list_runs
+    from envace.store import episode_counts, list_runs, open_store
 
     root = runs_root(args.root)
-    warnings: list[str] = []
-    runs = list_runs(root, warnings)
-    from envace.store import open_store
-
+    runs = list_runs(root)
     con, index = open_store(root)
-    warnings = index.warnings  # the shards skipped too, as the app lists them
-    # a run that stopped before its summary (interrupted, running) still has the episodes it stored
-    stored = dict(con.execute("SELECT run_id, count(*) FROM episodes GROUP BY run_id").fetchall())
+    stored = episode_counts(con)
     console = _console()
-    for warning in warnings:
+    for warning in index.warnings:  # the runs and the shards skipped, as the app lists them
         console.print(f"warning: {warning}", markup=False)
     if not runs:
         console.print(f"no runs in {root}; start one with: envace rollout --limit 2")
@@ -928,12 +923,8 @@ def _serve_command(sub) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
-    parser.add_argument("--version", action="version", version=f"envace {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _play_commands(sub)
-
+def _train_commands(sub: Any) -> None:
+    """`train` and `study`: the commands that update weights."""
     p = _with_root(sub.add_parser("train", help="SFT warm-up then role-wise GRPO from a TOML config"))
     p.add_argument("config", help="TOML file with a [train] table")
     p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
@@ -953,12 +944,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="the study's run and its stages' prefix (default: the file's name)")
     p.set_defaults(func=cmd_study)
 
+
+def _store_commands(sub: Any) -> None:
+    """The commands that read or rewrite the run store: runs, show, fidelity, judge, migrate, doctor, export."""
     _with_root(sub.add_parser("runs", help="list stored runs")).set_defaults(func=cmd_runs)
-    _serve_command(sub)
-    p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
-    p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=7860, help="port (default: 7860)")
-    p.set_defaults(func=cmd_app)
     for name, func, text in (("show", cmd_show, "summary of one run (rollout, eval, train or sweep)"),
                              ("fidelity", cmd_fidelity, "per-tool world-model fidelity of a run's pairs")):
         p = _with_root(sub.add_parser(name, help=text))
@@ -982,6 +971,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="the folder to write (new or empty)")
     p.add_argument("--format", default="hf-datasets", help="hf-datasets | parquet | jsonl (default: hf-datasets)")
     p.set_defaults(func=cmd_export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
+    parser.add_argument("--version", action="version", version=f"envace {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _play_commands(sub)
+
+    _train_commands(sub)
+    _serve_command(sub)
+    p = _with_root(sub.add_parser("app", help="the workbench app (Gradio) over the run store"))
+    p.add_argument("--host", type=_host, default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=7860, help="port (default: 7860)")
+    p.set_defaults(func=cmd_app)
+    _store_commands(sub)
     p = sub.add_parser("envs", help="list the environments: built-in, installed plugins (entry points), and errors")
     p.add_argument("envs", nargs="*", metavar="ENV", help="check these only (names or package.module:factory "
                                                           "specs): exit 2 when one does not load")

@@ -330,6 +330,15 @@ def turn_range(text: str) -> tuple[int, int | None]:
     return lo, hi
 
 
+def extends(stored: Any, asked: Any) -> bool:
+    """Whether the config `asked` is the one `stored` (both as JSON-like dicts), save for fields a later version
+    added: every value `stored` holds is `asked`'s, and a field `stored` lacks is not compared. This is how a
+    resumed run or study goes on across versions, where a new field at its default is no change of design."""
+    if isinstance(stored, dict) and isinstance(asked, dict):
+        return all(key in asked and extends(value, asked[key]) for key, value in stored.items())
+    return stored == asked
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():

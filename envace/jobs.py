@@ -10,6 +10,7 @@ every step it stored and leaves its run marked `interrupted`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Collection
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import record, rewards, units
-from envace.config import RolloutConfig, TrainConfig
+from envace.config import RolloutConfig, TrainConfig, extends
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.specs import DEFAULT_MODEL, REFERENCE_MODEL
@@ -306,10 +307,8 @@ def _resumable(config: dict[str, Any]) -> dict[str, Any]:
 
 def _resume_run(root: Path, name: str, cfg: TrainConfig) -> Run:
     meta = get_run(root, name)
-    stored, asked = _resumable(meta.get("config", {})), _resumable(asdict(cfg))
-    if "ray" not in stored:  # saved before [train.ray] existed
-        asked.pop("ray")
-    if meta.get("kind") != "train" or stored != asked:
+    stored, asked = _resumable(meta.get("config", {})), _resumable(json.loads(json.dumps(asdict(cfg), default=str)))
+    if meta.get("kind") != "train" or not extends(stored, asked):  # e.g. saved before [train.ray] existed
         raise UsageError(f"run '{name}' was not trained with this config (only grpo_steps may grow)")
     run = Run(root, name)
     run.update(status="running", pid=os.getpid(), config=asdict(cfg))

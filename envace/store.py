@@ -467,6 +467,23 @@ def refresh(con, root: str | Path, previous: StoreIndex | None = None) -> StoreI
     return index
 
 
+def episode_counts(con) -> dict[str, int]:
+    """Every run's stored episodes, counted over all phases (a training run's GRPO and evaluation episodes; a
+    run stopped before its summary still has the episodes it stored)."""
+    return {run: int(n) for run, n in con.execute("SELECT run_id, count(*) FROM episodes GROUP BY run_id").fetchall()}
+
+
+def flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A run's config with nested tables as dotted keys (`rollout.rehearser.max_examples`), as `--set` reads them."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def old_layout_runs(root: str | Path) -> list[str]:
     """Runs stored under the old names (a `turns/` folder, or a `batch` key column)."""
     old = set()

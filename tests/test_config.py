@@ -69,3 +69,25 @@ def test_help_shows_each_options_default_and_choices(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "--model " not in capsys.readouterr().out
+
+
+def test_a_resumed_run_goes_on_across_versions_but_not_across_designs(tmp_path):
+    """`train --resume` (and a study's re-run) compare configs with `extends`: a field the stored config lacks
+    (added by a later version) is not compared; any stored value that differs is another design, refused."""
+    from dataclasses import asdict
+
+    from envace.config import extends
+    from envace.jobs import _resume_run
+    from envace.store import Run
+
+    assert extends({"a": 1, "t": {"b": 2}}, {"a": 1, "t": {"b": 2, "new": 0}, "new": {}})
+    assert not extends({"a": 1, "t": {"b": 2}}, {"a": 1, "t": {"b": 3}})
+    assert not extends({"a": 1, "gone": 2}, {"a": 1})  # a field the asked config lacks is a change too
+    cfg = TrainConfig(model="tiny", grpo_steps=2)
+    stored = asdict(cfg)
+    stored.pop("ray")  # as a run saved before [train.ray] existed
+    stored["rollout"].pop("group_size")
+    Run.create(tmp_path, "train", stored, "tiny", "old").update(status="interrupted")
+    _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5))  # grpo_steps may grow
+    with pytest.raises(UsageError, match="'old' was not trained with this config"):
+        _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5, lr=1e-3))

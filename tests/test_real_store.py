@@ -52,7 +52,8 @@ def test_a_privately_rehearsed_episode_shows_its_memory_and_imagined_attempts_in
     for run in sorted(wb.runs_with("memories")):
         turns = wb.rehearsed_turns(run)
         for episode, rows in turns.groupby("episode_id"):
-            private = {int(t): wb.rehearsed_turn(run, episode, int(t)) for t in rows["turn"]}
+            private = wb.private_turns(run, episode)
+            assert sorted(private) == sorted(int(t) for t in rows["turn"])
             html = episode_html(wb.steps(run, episode), wb.calls(run, episode), episode_id=episode, private=private)
             assert html.count('<details class="private"') == len(private)
             for turn in private.values():

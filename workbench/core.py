@@ -19,7 +19,7 @@ import pandas as pd
 
 from envace import ledger, world_model
 from envace.errors import UsageError
-from envace.store import StoreIndex, check_run_id, connect, refresh
+from envace.store import StoreIndex, check_run_id, connect, episode_counts, flat_config, get_run, refresh
 from workbench.diff import diff_rows
 
 _FIDELITY = list(ledger.METRICS)
@@ -100,26 +100,14 @@ class Workbench:
 
     def episode_counts(self) -> dict[str, int]:
         """Every run's stored episodes, counted (all phases: a training run's GRPO and evaluation episodes)."""
-        if not self.runs_with("episodes"):
-            return {}
-        counts = self._df("SELECT run_id, count(*) AS n FROM episodes GROUP BY run_id")
-        return dict(zip(counts["run_id"], counts["n"].astype(int), strict=True))
+        with self._lock:
+            return episode_counts(self.con)
 
     def config_diff(self, run_ids: list[str]) -> pd.DataFrame:
         """The config fields (nested tables flattened to dotted keys) on which the runs differ: one row per field,
         one column per run ("" where a run has no such field)."""
-        from envace.store import get_run
-
-        def flat(config: dict, prefix: str = "") -> dict[str, str]:
-            out: dict[str, str] = {}
-            for key, value in config.items():
-                if isinstance(value, dict):
-                    out.update(flat(value, f"{prefix}{key}."))
-                else:
-                    out[f"{prefix}{key}"] = json.dumps(value)
-            return out
-
-        configs = {r: flat(get_run(self.root, check_run_id(r)).get("config") or {}) for r in run_ids}
+        configs = {r: {k: json.dumps(v) for k, v in flat_config(get_run(self.root, check_run_id(r)).get("config")
+                                                                 or {}).items()} for r in run_ids}
         fields = sorted({k for c in configs.values() for k in c})
         rows = [{"field": f, **{r: c.get(f, "") for r, c in configs.items()}} for f in fields
                 if len({c.get(f, "") for c in configs.values()}) > 1]
@@ -390,6 +378,15 @@ class Workbench:
                                      "ORDER BY attempt", key),
                 "memory": self._df(f"SELECT * FROM {memories} WHERE run_id = ? AND episode_id = ? AND turn = ?",
                                    key)}
+
+    def private_turns(self, run_id: str, episode_id: str) -> dict[int, dict[str, pd.DataFrame]]:
+        """An episode's privately rehearsed turns, each as `rehearsed_turn` gives it (none for a run that
+        never rehearsed privately)."""
+        if run_id not in self.runs_with("memories"):
+            return {}
+        turns = self._df(f"SELECT DISTINCT turn FROM {self._source('memories', run_id)} WHERE run_id = ? AND "
+                         "episode_id = ? ORDER BY turn", [check_run_id(run_id), episode_id])["turn"]
+        return {int(t): self.rehearsed_turn(run_id, episode_id, int(t)) for t in turns}
 
     # -- export ------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import compare
-from envace.config import PrivateOptions, RolloutConfig
+from envace.config import PrivateOptions, RolloutConfig, extends
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
@@ -115,19 +115,11 @@ def _study_run(root: Path, name: str, config: dict[str, Any]) -> Run:
     if not (root / name / "run.json").exists():
         return Run.create(root, "study", config, config["train"]["model"], name)
     stored = get_run(root, name)
-    if stored.get("kind") != "study" or not _within(stored.get("config"), json.loads(json.dumps(config))):
+    if stored.get("kind") != "study" or not extends(stored.get("config"), json.loads(json.dumps(config))):
         raise UsageError(f"run '{name}' in {root} is not this study (another design or kind): pick another --name")
     run = Run(root, name)
     run.update(status="running", pid=os.getpid())
     return run
-
-
-def _within(stored, asked) -> bool:
-    """Whether every value `stored` holds is `asked`'s: a field that a later version added (absent from what was
-    stored, at its default) is no change of design, so a long study goes on across versions."""
-    if isinstance(stored, dict) and isinstance(asked, dict):
-        return all(key in asked and _within(value, asked[key]) for key, value in stored.items())
-    return stored == asked
 
 
 def _floor(study: Study, stages: Stages) -> dict[str, Any]:
