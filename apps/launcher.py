@@ -1,40 +1,63 @@
 """Launch tab: pick a config under `experiments/` and a job, edit its fields in a form generated from the config's
-typed fields (defaults and choices shown, checked before anything starts), read the resolved config, start the
-job, watch its log, stop it. The job runs the resolved config as a file, in its own process; the other tabs
-pick the new run up as it writes."""
+typed fields (one folded group per TOML table; a checkbox, a dropdown or a number as the field's type asks;
+its default beside it and a changed value marked; start waits for a config that checks out), read the resolved
+config, start the job, watch its log, stop it. The job runs the resolved config as a file, in its own process;
+the other tabs pick the new run up as it writes."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from apps.common import shown_errors
+from envace.config import toml_literal
 from envace.errors import UsageError
 from workbench import RunHandle, Workbench
-from workbench.launch import KINDS, config_fields, launch_resolved, resolve
-
-FORM_COLUMNS = ["field", "value", "default", "choices", "help"]
+from workbench.launch import KINDS, config_fields, launch_resolved, resolve, table_of
 
 
-def _values(form: pd.DataFrame, shown: dict) -> dict:
-    """The form's edited values, read back with their types: the table hands every cell over as text, so a
-    field whose shown value was text stays text, any other is read as a TOML literal (3, 0.5, true), as the
-    CLI reads flags and `--set`, and the config then checks it like a file."""
-    from envace.cli import _typed
+def _read(row: dict, value: Any) -> Any:
+    """A widget's value as the config takes it: a number field's integer as an int, a `literal` field's text as
+    a TOML literal (as `--set` reads it), an emptied field as None (the default stands)."""
+    if row["widget"] == "literal":
+        text = str(value or "").strip()
+        return toml_literal(text) if text else None
+    if row["widget"] == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None if value == "" else value
 
-    out = {}
-    for row in form.to_dict("records"):
-        value, before = row["value"], shown.get(row["field"])
-        text = "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value).strip()
-        if text == str(before):
-            out[row["field"]] = before  # unchanged: the file's value (or the default) stands
-        elif text != "":
-            out[row["field"]] = text if isinstance(before, str) else _typed(text)
-    return out
+
+def _widget(row: dict, changed: bool) -> gr.components.Component:
+    """The field's widget from its type (`workbench.launch.widget_of`), its help under it, its default beside
+    the help; a value that is not the default is marked ● in the label."""
+    label = ("● " if changed else "") + row["field"].rpartition(".")[2]
+    info = (row["help"] + f" (default: {json.dumps(row['default'])})").strip()
+    kw = {"label": label, "info": info, "interactive": True,
+          "elem_id": "launch-field-" + row["field"].replace(".", "-"), "elem_classes": ["changed"] if changed else None}
+    value = row["value"]
+    if row["widget"] == "checkbox":
+        return gr.Checkbox(value=bool(value), **kw)
+    if row["widget"] in ("dropdown", "suggest"):
+        return gr.Dropdown(choices=row["choices"], value=value, allow_custom_value=row["widget"] == "suggest", **kw)
+    if row["widget"] in ("integer", "number"):
+        return gr.Number(value=value, precision=0 if row["widget"] == "integer" else None, **kw)
+    return gr.Textbox(value="" if value is None else value if isinstance(value, str) else json.dumps(value), **kw)
+
+
+def changes(rows: list[dict], values: dict, kind: str) -> str:
+    """The fields set away from their defaults (by the file or by an edit here), each with its default: what
+    this launch changes, in one place."""
+    out = [f"`{f}` = {json.dumps(v)} (default {json.dumps(r['default'])}" + (", edited here)" if v != r["value"]
+                                                                                 else ")")
+           for r in rows if (f := r["field"]) in values and (v := values[f]) is not None and v != r["default"]]
+    return (f"**{len(out)} field(s) changed from the `{kind}` defaults:** " + " · ".join(out)) if out else \
+        f"Every field at its `{kind}` default."
 
 
 def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> None:
@@ -45,39 +68,52 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
                              scale=3, elem_id="launch-config")
         kind = gr.Dropdown(label="job", choices=list(KINDS), value="train", scale=1, elem_id="launch-kind")
         name = gr.Textbox(label="run name (optional)", scale=2)
-    form = gr.Dataframe(headers=FORM_COLUMNS, label="fields (edit a value; defaults and choices beside it)",
-                        interactive=True, max_height=320, wrap=True, elem_id="launch-form")
+    values = gr.State({})  # field -> its value now (the file's, else the default, then the edits here)
+    fields = gr.State([])  # the rows `config_fields` gave the form
+
+    @gr.render(inputs=[config, kind])
+    def form(config, kind):
+        """One folded group per TOML table (the job's own table open), one typed widget per field."""
+        rows = config_fields(config, kind) if config and kind in KINDS else []
+        for table in dict.fromkeys(table_of(r["field"], kind) for r in rows):
+            group = [r for r in rows if table_of(r["field"], kind) == table]
+            with gr.Accordion(f"[{table}] · {len(group)} fields", open=table == kind, elem_classes=["launch-table"]):
+                with gr.Row(equal_height=False):
+                    for row in group:
+                        widget = _widget(row, row["value"] != row["default"])
+                        widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
+                                      [widget, values], values)
+
     with gr.Accordion("resolved config (what the job will run)", open=False):
         preview = gr.Code(language="json", interactive=False, elem_id="launch-preview")
+    changed = gr.Markdown(elem_id="launch-changes")
     check = gr.Markdown(elem_id="launch-check")
     with gr.Row():
-        start = gr.Button("start", variant="primary")
+        start = gr.Button("start", variant="primary", interactive=False, elem_id="launch-start")
         stop = gr.Button("stop")
     job = gr.Dropdown(label="job started here", choices=[], value=None, allow_custom_value=True)
     status = gr.Markdown(elem_id="launch-status")
     log = gr.Textbox(label="log (last lines)", lines=16, max_lines=16, autoscroll=True, elem_id="launch-log")
     fast = gr.Timer(1.0, active=False)  # while a job starts or stops, its log and status follow every second
-    shown = gr.State({})  # field -> the value the form was filled with (its type decides how an edit is read)
 
     @shown_errors
     def fill(config, kind):
         rows = config_fields(config, kind) if config else []
-        table = pd.DataFrame(rows, columns=FORM_COLUMNS).astype({"value": str, "default": str})
-        return table, {r["field"]: r["value"] for r in rows}
+        return rows, {r["field"]: r["value"] for r in rows}
 
-    def check_form(kind, form, shown):
-        import json
-        from dataclasses import asdict
-
+    def check_form(kind, rows, now):
+        """The resolved config, what it changes, and whether it can start: the button waits for a config that
+        checks out."""
         try:
-            cfg = resolve(kind, _values(form, shown))
+            cfg = resolve(kind, now)
         except UsageError as exc:
-            return "", f"⚠️ **not launchable:** {exc}"
-        return json.dumps(asdict(cfg), indent=2, default=str), "✓ the config checks out"
+            return "", changes(rows, now, kind), f"⚠️ **not launchable:** {exc}", gr.Button(interactive=False)
+        return (json.dumps(asdict(cfg), indent=2, default=str), changes(rows, now, kind), "✓ the config checks out",
+                gr.Button(interactive=True))
 
     @shown_errors
-    def start_job(config, kind, name, form, shown):
-        cfg = resolve(kind, _values(form, shown))  # every field checked, then the name: before anything is written
+    def start_job(config, kind, name, now):
+        cfg = resolve(kind, now)  # every field checked, then the name: before anything is written
         handle = launch_resolved(kind, cfg, wb.root, (name or "").strip() or None)
         handles[handle.run_id] = handle
         return gr.Dropdown(choices=list(handles), value=handle.run_id), gr.Timer(active=True)
@@ -96,8 +132,8 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
             threading.Thread(target=handle.stop, daemon=True).start()
         return follow(run_id)
 
-    gr.on([app.load, config.change, kind.change], fill, [config, kind], [form, shown])
-    gr.on([form.change], check_form, [kind, form, shown], [preview, check])
-    start.click(start_job, [config, kind, name, form, shown], [job, fast])
+    gr.on([app.load, config.change, kind.change], fill, [config, kind], [fields, values])
+    values.change(check_form, [kind, fields, values], [preview, changed, check, start])
+    start.click(start_job, [config, kind, name, values], [job, fast])
     stop.click(stop_job, job, [status, log, fast])
     gr.on([job.change, timer.tick, fast.tick], follow, job, [status, log, fast])

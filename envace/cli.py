@@ -16,14 +16,13 @@ import signal
 import sys
 import threading
 import time
-import tomllib
 import typing
 from dataclasses import MISSING, fields, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from envace.config import PrivateOptions, RolloutConfig, TrainConfig, choices, load_toml
+from envace.config import PrivateOptions, RolloutConfig, TrainConfig, choices, load_toml, toml_literal
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job
 from envace.paths import runs_root
@@ -104,15 +103,6 @@ _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope
                "--rehearsal-steps": "--private-steps"}
 
 
-def _typed(text: str) -> Any:
-    """A flag's value read as a TOML literal (3, 0.5, true, "x"), else as the text itself; the config then
-    checks it against the field's type, so a flag and a file give the same message for the same mistake."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def _help(f, hint: Any) -> str:
     text = f.metadata.get("help", "")
     if choices(hint):
@@ -127,7 +117,7 @@ def _add_config_flags(p: argparse.ArgumentParser, names: tuple[str, ...] = _ROLL
     by_name = {f.name: f for f in fields(RolloutConfig)}
     for name in names:
         plain = hints[name] is str  # text fields take the flag's text as it is
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, type=str if plain else _typed,
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, type=str if plain else toml_literal,
                        help=_help(by_name[name], hints[name]))
     p.add_argument("--domain", dest="category", default=None,
                    help="τ²: airline | retail | telecom | telecom_solo (the category)")
@@ -135,7 +125,7 @@ def _add_config_flags(p: argparse.ArgumentParser, names: tuple[str, ...] = _ROLL
         hints = typing.get_type_hints(PrivateOptions)
         options = {f.name: f for f in fields(PrivateOptions)}
         for flag, key in _PRIVATE_FLAGS.items():
-            kind = {"action": "store_const", "const": True} if key == "measure_change" else {"type": _typed}
+            kind = {"action": "store_const", "const": True} if key == "measure_change" else {"type": toml_literal}
             p.add_argument("--" + flag.replace("_", "-"), dest=flag, default=None,
                            help="private rehearsal: " + _help(options[key], hints[key]), **kind)
 
@@ -382,7 +372,7 @@ def _overridden(table: dict[str, Any], assignments: list[str]) -> dict[str, Any]
             target = target.setdefault(name, {})
             if not isinstance(target, dict):
                 raise UsageError(f"--set {key}: '{name}' is not a table")
-        target[leaf] = _typed(text)
+        target[leaf] = toml_literal(text)
     return table
 
 
@@ -865,7 +855,7 @@ def _play_commands(sub) -> None:
                    help="parallel and/or sequential (default: parallel,sequential)")
     p.add_argument("--config", default=None, help=config_help)
     _add_config_flags(p, _SWEEP_FLAGS, private=False)
-    p.add_argument("--private-memory", dest="private_memory", default=None, type=_typed,
+    p.add_argument("--private-memory", dest="private_memory", default=None, type=toml_literal,
                    help="how every cell's attempts become its memory: summary | transcript (default: the config's)")
     p.set_defaults(func=cmd_sweep)
 

@@ -330,6 +330,15 @@ def turn_range(text: str) -> tuple[int, int | None]:
     return lo, hi
 
 
+def toml_literal(text: str) -> Any:
+    """A flag's or a form's value read as a TOML literal (3, 0.5, true, "x", [1, 2]), else as the text itself; the
+    config then checks it against the field's type, so a flag and a file give the same message for one mistake."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
 def extends(stored: Any, asked: Any) -> bool:
     """Whether the config `asked` is the one `stored` (both as JSON-like dicts), save for fields a later version
     added: every value `stored` holds is `asked`'s, and a field `stored` lacks is not compared. This is how a

@@ -186,17 +186,43 @@ def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, br
 
 
 def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
+    """Launch: fields grouped by table, typed widgets, changed values marked, start disabled while the config does
+    not check out; the job it starts writes a run the Runs tab lists."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from envace.store import get_run
+
     browser.get(app_url)
-    open_tab(browser, "Launch")
-    browser.find_element(By.XPATH, "//button[normalize-space()='start']").click()  # smoke.toml, train
+    open_tab(browser, "Launch")  # smoke.toml, train
+    wait = WebDriverWait(browser, 60)
+    start = (By.ID, "launch-start")
+    wait.until(lambda d: d.find_element(*start).is_enabled())  # the file's config checks out
+    # one folded group per TOML table, the job's own open; widgets by type, a changed value marked
+    groups = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".launch-table button.label-wrap")]
+    assert any(g.startswith("[train] ·") for g in groups) and any(g.startswith("[train.rollout] ·") for g in groups)
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-field-lora input[type=checkbox]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-field-algorithm input")  # a dropdown of its choices
+    assert "● grpo_steps" in browser.find_element(By.ID, "launch-field-grpo_steps").text  # the file sets 2
+    lr = browser.find_element(By.CSS_SELECTOR, "#launch-field-lr input")
+    lr.send_keys(Keys.CONTROL, "a")
+    lr.send_keys("-1", Keys.TAB)
+    check = (By.ID, "launch-check")
+    wait.until(lambda d: "not launchable" in d.find_element(*check).text and "lr" in d.find_element(*check).text)
+    assert not browser.find_element(*start).is_enabled()  # no start while the config is invalid
+    lr.send_keys(Keys.CONTROL, "a")
+    lr.send_keys("0.0005", Keys.TAB)
+    wait.until(lambda d: d.find_element(*start).is_enabled())
+    changes = " ".join(browser.find_element(By.ID, "launch-changes").text.split())
+    assert "lr = 0.0005 (default 1e-05, edited here)" in changes and "grpo_steps = 2 (default 4)" in changes
+    browser.find_element(*start).click()
     log = (By.CSS_SELECTOR, "#launch-log textarea")
     WebDriverWait(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
     assert "GRPO step 2/2" in browser.find_element(*log).get_attribute("value")
     launched = [p.name for p in store.iterdir() if p.name.startswith("train-")]
     assert len(launched) == 1
+    assert get_run(store, launched[0])["config"]["lr"] == 0.0005  # the edit is what the job ran
     # the Runs tab lists it after its next refresh
     open_tab(browser, "Runs")
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
@@ -298,8 +324,7 @@ def test_the_launch_tab_checks_the_run_name_before_writing_anything(app_url, sto
     logs = store / ".logs"
     before = sorted(logs.rglob("*")) if logs.exists() else []
     client = Client(app_url, verbose=False)
-    form = {"headers": ["field", "value", "default", "choices", "help"], "data": []}
     with pytest.raises(Exception, match="invalid run name"):
-        client.predict("experiments/smoke.toml", "rollout", name, form, api_name="/start_job")
+        client.predict("experiments/smoke.toml", "rollout", name, api_name="/start_job")
     assert (sorted(logs.rglob("*")) if logs.exists() else []) == before  # no config written, no folder made
     assert not list(tmp_path.iterdir()) and not list(store.parent.glob("escaped*"))  # nor outside the store

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -90,7 +91,8 @@ def check_args(kind: str, args: tuple[str, ...] | list[str]) -> None:
 
 def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     """Every field of the job's config, nested ones dotted (`rehearser.fewshot`), with the value the file sets
-    (else the default), the default, the choices and the help text: a form to edit before launching."""
+    (else the default), the default, the choices, the help text and the widget its type asks for (`widget_of`):
+    a form to edit before launching."""
     cls, table = _job_config(kind)
     data = load_toml(config).get(table, {}) if config else {}
     # the trainer sets these rollout fields itself and refuses them from a file: the form leaves them out
@@ -101,8 +103,28 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
 
     for row in rows:  # the environments this job can name: the built-ins and every installed plugin
         if row["field"] in ("env", "rollout.env"):
-            row["choices"] = ", ".join(registry.names() + ["package.module:factory"])
+            row["choices"], row["widget"] = registry.names(), "suggest"  # or a package.module:factory spec
     return rows
+
+
+def widget_of(hint: Any) -> str:
+    """The form widget a field's annotation asks for: `checkbox` (bool), `dropdown` (a `Literal`), `integer` or
+    `number` (also when None is allowed: empty keeps the default), `text` (str), else `literal` (text read as a
+    TOML literal, as `--set` reads it: `auto` or 128, a list)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    plain = args[0] if len(args) == 1 and typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
+    if plain is bool:
+        return "checkbox"
+    if typing.get_origin(plain) is typing.Literal:
+        return "dropdown"
+    return {int: "integer", float: "number", str: "text"}.get(plain, "literal")
+
+
+def table_of(field_name: str, kind: str) -> str:
+    """The TOML table a dotted field lives in: `rollout.rehearser.max_examples` → `train.rollout.rehearser`."""
+    table = _job_config(kind)[1]
+    parent = field_name.rpartition(".")[0]
+    return f"{table}.{parent}" if parent else table
 
 
 def _fields(cls: type, data: dict[str, Any], defaults: Any, prefix: str) -> list[dict[str, Any]]:
@@ -114,7 +136,8 @@ def _fields(cls: type, data: dict[str, Any], defaults: Any, prefix: str) -> list
             out += _fields(hints[f.name], data.get(f.name, {}) or {}, value, f"{prefix}{f.name}.")
             continue
         out.append({"field": prefix + f.name, "value": data.get(f.name, value), "default": value,
-                    "choices": ", ".join(map(str, choices(hints[f.name]))), "help": f.metadata.get("help", "")})
+                    "choices": list(choices(hints[f.name])), "widget": widget_of(hints[f.name]),
+                    "help": f.metadata.get("help", "")})
     return out
 
 
