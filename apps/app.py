@@ -13,7 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from apps import dashboards, inspector, launcher
-from apps.common import linked, percent, score, shown_errors
+from apps.common import linked, percent, run_choices, score, shown_errors
 from apps.render import empty_state, warnings_md
 from workbench import Workbench
 
@@ -54,6 +54,22 @@ def matching(frame: pd.DataFrame, query: str | None) -> pd.DataFrame:
 
 RUN_COLUMNS = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls",
                "GRPO steps", "last reward", "groups with signal", "eval checklist", "eval rehearsal exact"]
+# the columns that say something about each kind of run (and fit a screen); every view keeps run and kind
+_PLAYED = ["run", "kind", "status", "model", "created", "episodes", "success", "checklist", "well-formed calls"]
+KIND_COLUMNS = {
+    "all": ["run", "kind", "status", "model", "created", "episodes", "success"],
+    "rollout / eval": _PLAYED,
+    "train": ["run", "kind", "status", "model", "created", "episodes", "GRPO steps", "last reward",
+              "groups with signal", "eval checklist", "eval rehearsal exact"],
+    "sweep / suite / study / world-model": ["run", "kind", "status", "model", "created", "episodes"],
+}
+
+
+def of_kind(frame: pd.DataFrame, view: str) -> pd.DataFrame:
+    """The run table as one view shows it: its kinds' rows (every row for `all`) and its columns."""
+    kinds = None if view == "all" else set(view.split(" / "))
+    rows = frame if kinds is None or frame.empty else frame[frame["kind"].isin(kinds)]
+    return rows[KIND_COLUMNS.get(view, RUN_COLUMNS)]
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
 _OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity", "study": "runs"}
 
@@ -65,27 +81,33 @@ def tab_of(wb: Workbench, run_id: str, kind: str) -> str:
     return "rehearsal" if run_id in wb.runs_with("memories") else "inspector"
 
 
-def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple[gr.Dataframe, gr.Dataframe, gr.Markdown]:
-    """The hub: every run (searchable), a config diff of the runs picked, and a suite's table. Returns the run
-    table, the suite table and the note a link to an unknown run writes (`build` wires what a click opens)."""
+def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple:
+    """The hub: every run (searchable; a kind's view with its own columns), a config diff of the runs picked, and
+    a suite's table. Returns the run table, the suite table, the note a link to an unknown run writes, the runs
+    picked and the button overlaying their curves (`build` wires what a click opens)."""
     link_note = gr.Markdown(elem_id="link-note")
     empty = gr.Markdown(elem_id="empty-state")
     warnings = gr.Markdown(elem_id="store-warnings")
-    search = gr.Textbox(label="search runs (name, kind, model, status)", placeholder="e.g. train",
-                        elem_id="runs-search")
+    with gr.Row():
+        search = gr.Textbox(label="search runs (name, kind, model, status)", placeholder="e.g. train", scale=2,
+                            elem_id="runs-search")
+        view = gr.Radio(list(KIND_COLUMNS), value="all", label="kind (each with its own columns)", scale=3,
+                        elem_id="runs-kind")
     runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False, elem_id="runs-table")
     with gr.Row():
-        compared = gr.Dropdown(label="compare configs of runs (pick two or more)", choices=[], value=[],
-                               multiselect=True, scale=3, elem_id="runs-compare")
+        compared = gr.Dropdown(label="compare runs (pick two or more): their config diff, or their curves overlaid",
+                               choices=[], value=[], multiselect=True, scale=3, elem_id="runs-compare")
+        overlay = gr.Button("overlay their training curves", scale=1, elem_id="runs-overlay")
     differ = gr.Dataframe(label="the fields where their configs differ", interactive=False, visible=False,
                           elem_id="runs-config-diff")
     suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named in the "
                                      "headers)", interactive=False, visible=False, elem_id="suite-table")
 
-    def refresh(query, picked):
+    def refresh(query, picked, kind):
         wb.refresh()
         frame = run_table(wb)
-        return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings), matching(frame, query),
+        return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings),
+                of_kind(matching(frame, query), kind or "all"),
                 gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])]))
 
     @shown_errors
@@ -96,10 +118,10 @@ def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple[gr.Datafra
         return gr.Dataframe(value=wb.config_diff(run_ids), visible=True)
 
     # re-read the store on every tick: the tabs see new shards by their next query
-    gr.on([app.load, timer.tick, search.change], refresh, [search, compared], [empty, warnings, runs, compared],
-          api_name="refresh")
+    gr.on([app.load, timer.tick, search.change, view.change], refresh, [search, compared, view],
+          [empty, warnings, runs, compared], api_name="refresh")
     compared.change(compare_configs, compared, differ, api_name="config_diff")
-    return runs, suite_table, link_note
+    return runs, suite_table, link_note, compared, overlay
 
 
 def build(root: str | Path = "runs", experiments: str | Path = "experiments",
@@ -110,15 +132,15 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
         gr.Markdown(f"## EnvACE Workbench · `{wb.root}`")
         with gr.Tabs() as tabs:
             with gr.Tab("Runs", id="runs"):
-                runs, suite_table, link_note = runs_tab(app, wb, timer)
+                runs, suite_table, link_note, compared, overlay = runs_tab(app, wb, timer)
             with gr.Tab("Inspector", id="inspector"):
                 inspected = inspector.build(app, wb, timer)
             with gr.Tab("Fidelity", id="fidelity") as tab:
-                measured = dashboards.fidelity_tab(app, wb, timer, tab)
+                measured, tools = dashboards.fidelity_tab(app, wb, timer, tab)
             with gr.Tab("Private rehearsal", id="rehearsal") as tab:
-                swept, rehearsed = dashboards.rehearsal_tab(app, wb, timer, tab)
+                swept, rehearsed, inspect_turn, turn = dashboards.rehearsal_tab(app, wb, timer, tab)
             with gr.Tab("Training", id="training") as tab:
-                trained = dashboards.training_tab(app, wb, timer, tab)
+                trained, phase, by_step = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch"):
                 launcher.build(app, wb, timer, Path(experiments))
 
@@ -145,8 +167,51 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             return gr.Tabs(selected=tab_of(wb, run_id, kinds[run_id])), ""
 
         app.load(follow_link, None, [tabs, link_note])
-        runs.select(open_run, runs, [tabs, inspected, trained, measured, swept, rehearsed, suite_table])
+        runs.select(open_run, runs, [tabs, inspected.run, trained, measured, swept, rehearsed, suite_table])
+
+        def overlay_curves(picked):
+            """The training runs among those picked, overlaid on the Training tab."""
+            trains = [r for r in picked or [] if r in set(run_choices(wb.runs(), kinds=("train",)))]
+            if not trains:
+                raise gr.Error("pick one or more training runs to overlay their curves")
+            return gr.Tabs(selected="training"), trains
+
+        overlay.click(overlay_curves, compared, [tabs, trained])
+        _link_to_episodes(wb, tabs, inspected, tools=(measured, tools), steps=(trained, phase, by_step),
+                          turn=(inspect_turn, turn))
     return app
+
+
+def episodes_of(run_id: str, tool: str = "", phase: str = "any", step: int | None = None,
+                episode: str | None = None) -> tuple:
+    """The Inspector opened on a run's episodes, filtered (a tool they call, a phase and step) and, given one,
+    that episode open: the updates for `[tabs, *Opened.components()]`."""
+    return gr.Tabs(selected="inspector"), run_id, tool, phase, step, episode if episode else gr.skip()
+
+
+def _link_to_episodes(wb: Workbench, tabs: gr.Tabs, inspected: inspector.Opened, tools: tuple, steps: tuple,
+                      turn: tuple) -> None:
+    """What an aggregate opens: a tool of the Fidelity table → the episodes that call it; a step of a training
+    run → that step's episodes; a privately rehearsed turn → its episode."""
+    opened = [tabs, *inspected.components()]
+
+    @shown_errors
+    def open_tool(run_id, frame: pd.DataFrame, evt: gr.SelectData):
+        tool = str(frame.iloc[evt.index[0]]["tool"])
+        tool = "" if tool == "all" else tool
+        if run_id in (None, dashboards.ALL_RUNS):  # every run's pairs: the newest run with pairs of this tool
+            run_id = next((r for r in run_choices(wb.runs(), having=wb.runs_with("pairs"))
+                           if not tool or tool in set(wb.fidelity_by_tool(r)["tool"])), None)
+        return episodes_of(run_id, tool) if run_id else (gr.skip(),) * len(opened)
+
+    @shown_errors
+    def open_step(run_ids, phase, frame: pd.DataFrame, evt: gr.SelectData):
+        return episodes_of(run_ids[0], phase=phase, step=int(frame.iloc[evt.index[0]]["step"]))
+
+    tools[1].select(open_tool, [tools[0], tools[1]], opened)
+    steps[2].select(open_step, list(steps), opened)
+    turn[0].click(lambda picked: episodes_of(picked[0], episode=picked[1]) if picked else (gr.skip(),) * len(opened),
+                  turn[1], opened)
 
 
 def serve(root: str | Path = "runs", host: str = "127.0.0.1", port: int = 7860, block: bool = True) -> gr.Blocks:

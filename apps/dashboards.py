@@ -12,14 +12,17 @@ from apps.common import empty_note, keep_choice, linked, rounded, run_choices, s
 from envace import world_model
 from workbench import Workbench, figures
 
-_ALL = "all runs"
+ALL_RUNS = "all runs"  # the Fidelity picker's choice of every run at once
 
 
-def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
+def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dataframe]:
+    """Per-tool fidelity of a run's pairs (or every run's), calibration, fidelity over training and a world-model
+    run's benchmark. Returns the run picker and the per-tool table (a click on a tool opens its episodes)."""
     note = gr.Markdown(elem_id="fidelity-note")
-    run = gr.Dropdown(label="run", choices=[_ALL], value=_ALL, allow_custom_value=True, elem_id="fidelity-run")
+    run = gr.Dropdown(label="run", choices=[ALL_RUNS], value=ALL_RUNS, allow_custom_value=True, elem_id="fidelity-run")
     table = gr.Dataframe(label="per tool (copied = verbatim one of its few-shot examples; malformed = no usable "
-                               "rehearsal)", interactive=False, max_height=260)
+                               "rehearsal); click a tool to open the episodes that call it", interactive=False,
+                         max_height=260, elem_id="fidelity-tools")
     with gr.Row():
         bars = gr.Plot(label="per tool")
         calibration = gr.Plot(label="fidelity vs success")
@@ -30,7 +33,7 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
 
     @shown_errors
     def draw(run_id):
-        scoped = None if run_id in (None, _ALL) else run_id
+        scoped = None if run_id in (None, ALL_RUNS) else run_id
         by_tool = wb.fidelity_by_tool(scoped)
         if by_tool.empty:
             return (empty_note("pairs of real and rehearsed responses" + (f" in `{scoped}`" if scoped else ""),
@@ -48,12 +51,16 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                 gr.Dataframe(value=_intervals(wb.world_model(scoped)) if measured else None, visible=measured))
 
     def choices(current, request: gr.Request):
-        return keep_choice([_ALL, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current or linked(request))
+        return keep_choice([ALL_RUNS, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
 
-    gr.on([app.load, timer.tick], choices, run, run)
+    def landing(current, request: gr.Request):  # `?run=NAME` picks that run first (if it has pairs)
+        return choices(linked(request) or current, request)
+
+    app.load(landing, run, run)
+    timer.tick(choices, run, run)
     gr.on([app.load, tab.select, run.change], draw, run,
           [note, table, bars, calibration, over_training, benchmark], api_name="fidelity")
-    return run
+    return run, table
 
 
 def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +73,9 @@ def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
-                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown]:
+                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button, gr.State]:
+    """Success against the private budget N, and one committed turn: what it imagined, wrote down and did.
+    Returns the sweep and run pickers, and the button (with the turn it reads) that opens the turn's episode."""
     gr.Markdown("Success against the number of privately imagined attempts N (`envace sweep`); dotted: "
                 "private-rehearsal tokens per episode on the second axis.")
     note = gr.Markdown(elem_id="rehearsal-note")
@@ -77,10 +86,13 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     cells = gr.Dataframe(label="cells", interactive=False, max_height=200)
     gr.Markdown("### A committed turn: what it imagined, what it wrote down, what it did")
     run = gr.Dropdown(label="run with private rehearsal", choices=[], value=None, allow_custom_value=True)
-    turns = gr.Dataframe(label="rehearsed turns (click one)", interactive=False, max_height=200)
+    turns = gr.Dataframe(label="rehearsed turns (click one)", interactive=False, max_height=200,
+                         elem_id="rehearsal-turns")
     imagined = gr.Dataframe(label="imagined attempts", interactive=False, wrap=True)
     memory = gr.Textbox(label="memory (appended to the user's message)", lines=3)
     committed = gr.Textbox(label="committed action (the caller's first message of the turn)", lines=3)
+    opened = gr.State(None)  # (run, episode) of the turn clicked
+    inspect = gr.Button("open this turn's episode in the Inspector", visible=False, elem_id="rehearsal-inspect")
 
     @shown_errors
     def draw(sweep_id, metric):
@@ -101,7 +113,8 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         steps = wb.steps(run_id, row["episode_id"])
         first = steps[(steps["turn"] == row["turn"]) & (steps["turn_step"] == 0) & (steps["role"] == "caller")]
         return (detail["imagined"], row["memory"] or f"(no memory: {row['memory_error']})",
-                first["completion_text"].iloc[0] if len(first) else "")
+                first["completion_text"].iloc[0] if len(first) else "", (run_id, row["episode_id"]),
+                gr.Button(visible=True))
 
     def choices(current_sweep, current_run, request: gr.Request):
         return (keep_choice(run_choices(wb.runs(), having=wb.runs_with("sweep")), current_sweep or linked(request)),
@@ -111,11 +124,15 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
-    turns.select(open_turn, [run, turns], [imagined, memory, committed])
-    return sweep, run
+    turns.select(open_turn, [run, turns], [imagined, memory, committed, opened, inspect])
+    return sweep, run, inspect, opened
 
 
-def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> gr.Dropdown:
+def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
+                 tab: gr.Tab) -> tuple[gr.Dropdown, gr.Radio, gr.Dataframe]:
+    """Curves of the runs picked (metric, x-axis, smoothing), the actors' timeline, the last step, and the first
+    run's episodes per step. Returns the run picker, the phase and the per-step table (a click opens that step's
+    episodes)."""
     note = gr.Markdown(elem_id="training-note")
     with gr.Row():
         runs = gr.Dropdown(label="train runs (several overlay their curves)", choices=[], value=[], multiselect=True,
@@ -129,11 +146,14 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
     curves = gr.Plot()
     timeline = gr.Plot(label="actors and learner (the first run picked)")
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
+    by_step = gr.Dataframe(label="episodes per step (the first run picked; click a step to open its episodes)",
+                           interactive=False, max_height=240, visible=False, elem_id="training-steps")
 
     @shown_errors
     def draw(run_ids, phase, smoothing, chosen, x):
         run_ids = [r for r in (run_ids or []) if r]
-        hidden = gr.Plot(visible=False), gr.Plot(visible=False), gr.Dataframe(visible=False), gr.Dropdown(choices=[])
+        hidden = (gr.Plot(visible=False), gr.Plot(visible=False), gr.Dataframe(visible=False), gr.Dropdown(choices=[]),
+                  gr.Dataframe(visible=False))
         if not run_ids:  # no empty plot, no placeholder table: the note says what fills them
             return empty_note("training runs", "train"), *hidden
         long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
@@ -148,9 +168,10 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
                     & ~long["name"].str.endswith("_t")]  # a span's wall-clock start is for the timeline only
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
+        steps = wb.episodes_by_step(run_ids[0], phase) if phase != "sft" else pd.DataFrame()  # SFT plays none
         return ("", gr.Plot(figures.training_curves(long, names, smoothing, phase, x), visible=True),
                 gr.Plot(spans, visible=spans is not None), gr.Dataframe(rounded(table.reset_index(), 4), visible=True),
-                gr.Dropdown(choices=available, value=chosen))
+                gr.Dropdown(choices=available, value=chosen), gr.Dataframe(rounded(steps), visible=not steps.empty))
 
     def choices(current, request: gr.Request):
         wanted = current or ([linked(request)] if linked(request) else None)
@@ -159,11 +180,11 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
     def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
         running = set(wb.runs().query("status == 'running'")["run_id"])
-        return draw(run_ids, phase, smoothing, chosen, x) if set(run_ids or []) & running else (gr.skip(),) * 5
+        return draw(run_ids, phase, smoothing, chosen, x) if set(run_ids or []) & running else (gr.skip(),) * 6
 
-    inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, table, picked]
+    inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, table, picked, by_step]
     gr.on([app.load, timer.tick], choices, runs, runs)
     gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
           inputs, outputs, api_name="training")
     timer.tick(follow, inputs, outputs)
-    return runs
+    return runs, phase, by_step

@@ -4,6 +4,7 @@ real and rehearsed responses side by side, and export it."""
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def step(frame: pd.DataFrame | None, current: str | None, by: int) -> str | None
     return ids[max(0, min(len(ids) - 1, at + by))]
 
 
-def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
+def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
     note = gr.Markdown(elem_id="inspector-note")
     with gr.Row():
         run = gr.Dropdown(label="run", choices=[], value=None, allow_custom_value=True, scale=2,
@@ -60,6 +61,10 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
                                scale=1)
         error_kind = gr.Dropdown(label="has error", choices=[_ANY], value=_ANY, allow_custom_value=True, scale=1)
         order = gr.Radio(["best first", "worst first"], value="best first", label="sort", scale=1)
+        phase = gr.Dropdown(label="phase", choices=[_ANY, "grpo", "eval", "rollout"], value=_ANY,
+                            allow_custom_value=True, scale=1, elem_id="inspector-phase")
+        at_step = gr.Number(label="step (empty: any)", value=None, precision=0, minimum=0, scale=1,
+                            elem_id="inspector-step")
     episodes = gr.Dataframe(label="episodes (click a row to open it)", interactive=False, max_height=260,
                             elem_id="inspector-episodes")
     with gr.Row():
@@ -78,17 +83,21 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     view = gr.HTML(elem_id="inspector-view")
 
     @shown_errors
-    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order, request: gr.Request):
+    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order, in_phase, step, current,
+                      request: gr.Request):
+        """The episodes the filters keep; the open one stays open while it is listed (a link sets it with the
+        filters), else `?episode=` of a link to this run, else the first."""
         if not run_id:
             return pd.DataFrame(columns=EPISODE_COLUMNS), gr.Dropdown(choices=[], value=None)
         frame = wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
                             tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
                             fidelity=None if bucket == _ANY else bucket,
-                            error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first")
+                            error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first",
+                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=step)
         ids = list(frame["episode_id"])
         wanted = linked(request, "episode") if run_id == linked(request) else None  # `?run=R&episode=E`
-        return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=wanted if wanted in ids else
-                                                            (ids[0] if ids else None))
+        opened = next((e for e in (current, wanted) if e in ids), ids[0] if ids else None)
+        return rounded(frame[EPISODE_COLUMNS]), gr.Dropdown(choices=ids, value=opened)
 
     @shown_errors
     def show(run_id, episode_id, roles, tokens):
@@ -115,11 +124,12 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
     def kinds(run_id):
         return gr.Dropdown(choices=[_ANY, *(wb.error_kinds(run_id) if run_id else [])], value=_ANY)
 
-    filters = [run, success, min_checklist, max_checklist, tool, termination, fidelity, error_kind, order]
+    filters = [run, success, min_checklist, max_checklist, tool, termination, fidelity, error_kind, order, phase,
+               at_step]
     run.change(kinds, run, error_kind)
     for control in filters:
-        control.change(list_episodes, filters, [episodes, episode])
-    tool.submit(list_episodes, filters, [episodes, episode])
+        control.change(list_episodes, [*filters, episode], [episodes, episode])
+    tool.submit(list_episodes, [*filters, episode], [episodes, episode])
     episodes.select(pick, episodes, episode)
     previous.click(lambda frame, current: step(frame, current, -1), [episodes, episode], episode)
     following.click(lambda frame, current: step(frame, current, 1), [episodes, episode], episode)
@@ -135,4 +145,19 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> gr.Dropdown:
         return keep_choice(choices, wanted), "" if choices else empty_note("episodes", "episodes")
 
     gr.on([app.load, timer.tick], runs_with_episodes, run, [run, note])
-    return run
+    return Opened(run, tool, phase, at_step, episode)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The Inspector's controls a link from another view sets (`apps.app.episodes_of`): a run, the tool, phase
+    and step filters, and the episode to open."""
+
+    run: gr.Dropdown
+    tool: gr.Textbox
+    phase: gr.Dropdown
+    step: gr.Number
+    episode: gr.Dropdown
+
+    def components(self) -> list:
+        return [self.run, self.tool, self.phase, self.step, self.episode]

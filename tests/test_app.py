@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from apps.app import serve
+from apps.app import KIND_COLUMNS, serve
 from apps.screenshots import CHROMIUM, DRIVER, TABS, chromium, open_tab, shoot, toasts
 
 
@@ -29,12 +29,15 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url, store):
     from workbench import Workbench
 
     client = Client(app_url, verbose=False)
-    empty, warnings, runs, _ = client.predict("", [], api_name="/refresh")
+    empty, warnings, runs, _ = client.predict("", [], "all", api_name="/refresh")
     assert empty == "" and warnings == ""
     assert {"scripted", "shadow", "trained", "sw"} <= {row[0] for row in runs["data"]}
     trained = next(r for r in runs["data"] if r[0] == "trained")  # a training run: its stored episodes counted
     assert int(trained[runs["headers"].index("episodes")]) == len(Workbench(store).episodes("trained"))
-    _, _, found, _ = client.predict("TRAIN", [], api_name="/refresh")  # search: any case, name/kind/model/status
+    _, _, trains, _ = client.predict("", [], "train", api_name="/refresh")  # a kind's view: its rows, its columns
+    assert trains["headers"] == KIND_COLUMNS["train"] and {r[1] for r in trains["data"]} == {"train"}
+    assert "trained" in {r[0] for r in trains["data"]} and len(trains["data"]) < len(runs["data"])
+    _, _, found, _ = client.predict("TRAIN", [], "all", api_name="/refresh")  # search: any case, name/kind/model
     assert {r[0] for r in found["data"]} == {r[0] for r in runs["data"] if "train" in " ".join(map(str, r[:4]))}
     assert 0 < len(found["data"]) < len(runs["data"])
     diff = client.predict(["scripted", "trained"], api_name="/config_diff")  # only the fields that differ
@@ -42,10 +45,21 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url, store):
     assert diff["value"]["data"] and all(r[1] != r[2] for r in diff["value"]["data"])
     assert not client.predict(["scripted"], api_name="/config_diff").get("visible", True)  # one run: no diff
     filters = ("any", 0, 1, "", "any", "any", "any")  # success, checklist range, tool, ended by, fidelity, error
-    table, episode = client.predict("scripted", *filters, "best first", api_name="/list_episodes")
+    table, episode = client.predict("scripted", *filters, "best first", "any", None, None, api_name="/list_episodes")
     assert len(table["data"]) == 2 and episode["value"] == table["data"][0][0]
-    worst, worst_episode = client.predict("scripted", *filters, "worst first", api_name="/list_episodes")
+    worst, worst_episode = client.predict("scripted", *filters, "worst first", "any", None, None,
+                                          api_name="/list_episodes")
     assert [r[0] for r in worst["data"]] == [r[0] for r in table["data"]][::-1]
+    # a phase and a step: one GRPO step's episodes; the open episode stays open while it is listed
+    everything = Workbench(store).episodes("trained")
+    step = everything[everything["phase"] == "grpo"]
+    listed = step.loc[step["step"] == 1, "episode_id"]
+    one, kept = client.predict("trained", *filters, "best first", "grpo", 1, listed.iloc[-1],
+                               api_name="/list_episodes")
+    assert sorted(r[0] for r in one["data"]) == sorted(listed) and 0 < len(listed) < len(everything)
+    assert kept["value"] == listed.iloc[-1]
+    _, first = client.predict("trained", *filters, "best first", "grpo", 1, "not-listed", api_name="/list_episodes")
+    assert first["value"] == one["data"][0][0]
     html, group = client.predict("scripted", worst_episode["value"], ["caller", "rehearser"], "off",
                                  api_name="/show")
     assert "<b>real</b>" in html and "<b>rehearsed</b>" in html
@@ -57,10 +71,12 @@ def test_the_api_lists_runs_and_renders_a_pair_with_its_diff(app_url, store):
     assert "no structural difference" in best and 'class="diff-added"' not in best
     assert 'class="gen rehearser"' in best  # the token view colours each generation by its role
     with pytest.raises(Exception, match="invalid run name"):
-        client.predict("../etc", *filters, "best first", api_name="/list_episodes")
+        client.predict("../etc", *filters, "best first", "any", None, None, api_name="/list_episodes")
 
 
-def test_the_dashboards_draw_from_the_real_store(app_url):
+def test_the_dashboards_draw_from_the_real_store(app_url, store):
+    from workbench import Workbench
+
     client = Client(app_url, verbose=False)
     note, table, bars, calibration, over, measured = client.predict("scripted", api_name="/fidelity")
     assert {r[0] for r in table["data"]} >= {"cd", "mkdir", "all"} and bars and calibration and note == ""
@@ -74,8 +90,12 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     note, curves, cells = (_shown(v) for v in client.predict("sw", "checklist", api_name="/budget_curves"))
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
-    note, curves, spans, last, picked = client.predict(["trained"], "grpo", 0.5, [], "step", api_name="/training")
-    curves, spans, last = _shown(curves), _shown(spans), _shown(last)
+    note, curves, spans, last, picked, steps = client.predict(["trained"], "grpo", 0.5, [], "step",
+                                                              api_name="/training")
+    curves, spans, last, steps = _shown(curves), _shown(spans), _shown(last), _shown(steps)
+    counts = Workbench(store).episodes_by_step("trained")  # the episodes per GRPO step a click opens
+    assert [r[:2] for r in steps["data"]] == [[s, n] for s, n in zip(counts["step"], counts["episodes"], strict=True)]
+    assert len(steps["data"]) == 2
     assert curves and "reward_mean" in {r[0] for r in last["data"]} and note == ""
     assert spans and not any(r[0].endswith("_t") for r in last["data"])  # the timeline, and no clock in the table
     names = [c[0] for c in picked["choices"]]
@@ -89,9 +109,9 @@ def test_the_dashboards_draw_from_the_real_store(app_url):
     titles = {v.get("title", {}).get("text") for k, v in figure["layout"].items() if k.startswith("xaxis")}
     assert "SFT step" in titles and not any("GRPO" in str(t) for t in titles)  # its own axis, not GRPO's
     assert "epoch" not in [a["text"] for a in figure["layout"]["annotations"]]
-    note, curves, spans, last, _ = client.predict([], "grpo", 0, [], "step", api_name="/training")
+    note, curves, spans, last, _, steps = client.predict([], "grpo", 0, [], "step", api_name="/training")
     assert "envace train" in note  # one empty-state rule: what is missing, what makes it, and nothing empty drawn
-    assert all(part.get("visible") is False for part in (curves, spans, last))
+    assert all(part.get("visible") is False for part in (curves, spans, last, steps))
     note, curves, cells = client.predict(None, "checklist", api_name="/budget_curves")
     assert "envace sweep" in note and curves.get("visible") is False and cells.get("visible") is False
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
@@ -299,6 +319,87 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                                          "private-rehearsal": "sw", "training": "train", "launch": "train"}, shots)
     assert [p.name for p in shot] == [f"{name}.png" for _, name in TABS] and all(p.stat().st_size > 10_000
                                                                                for p in shot)
+
+
+@pytest.mark.slow
+def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes(real_app_url, real_store, browser):
+    """Linked views on the real default model's store: Runs shows a kind with its own columns and overlays the
+    runs picked in Training; a tool in Fidelity's table, a step in Training's table and a privately rehearsed
+    turn each open the Inspector on their episodes, filtered (or on that episode)."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from workbench import Workbench
+
+    wb = Workbench(real_store)
+    wait = WebDriverWait(browser, 120, ignored_exceptions=[StaleElementReferenceException])  # tables redraw
+
+    def listed(run: str, expected) -> None:
+        """The Inspector is open on `run` and lists exactly the `expected` episodes."""
+        want = sorted(expected)
+        cells = (By.CSS_SELECTOR, "#inspector-episodes [data-testid^='cell-'][data-testid$='-0']")
+
+        def shown(d):
+            return (d.find_element(By.CSS_SELECTOR, "#inspector-run input").get_attribute("value"),
+                    sorted(c.text for c in d.find_elements(*cells) if c.text))
+
+        try:
+            wait.until(lambda d: shown(d) == (run, want))
+        except TimeoutException:
+            pytest.fail(f"the Inspector shows {shown(browser)}, not {(run, want)}")
+
+    def click(table: str, row: int, column: int = 0) -> None:
+        cell = (By.CSS_SELECTOR, f"#{table} [data-testid='cell-{row}-{column}']")
+        wait.until(lambda d: d.find_elements(*cell), message=f"no row {row} in #{table}").__getitem__(0).click()
+
+    browser.get(real_app_url)  # Runs: a kind's own columns; runs picked → their curves overlaid in Training
+    kind = (By.XPATH, "//*[@id='runs-kind']//label[normalize-space()='train']")
+    wait.until(lambda d: d.find_elements(*kind)).__getitem__(0).click()
+    header = (By.CSS_SELECTOR, "#runs-table [data-testid^='header-']")
+    wait.until(lambda d: [h.text for h in d.find_elements(*header)] == KIND_COLUMNS["train"])
+    picker = browser.find_element(By.CSS_SELECTOR, "#runs-compare input")
+    picker.send_keys("train")
+    picker.send_keys(Keys.ENTER)
+    browser.find_element(By.ID, "runs-overlay").click()
+    wait.until(lambda d: "Training" in d.find_element(By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
+               .text and "train" in d.find_element(By.ID, "training-runs").text)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-steps [data-testid='cell-0-0']"))
+
+    browser.get(real_app_url + "?run=demo")  # a tool of the per-tool table → the episodes that call it
+    open_tab(browser, "Fidelity")
+    tools = wb.fidelity_by_tool("demo")
+    row = next(i for i, t in enumerate(tools["tool"]) if t != "all")
+    rows = (By.CSS_SELECTOR, "#fidelity-tools [data-testid^='cell-'][data-testid$='-0']")
+    try:
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#fidelity-run input").get_attribute("value") == "demo"
+                   and [c.text for c in d.find_elements(*rows)] == list(tools["tool"]))
+    except TimeoutException:
+        pytest.fail(f"Fidelity on {browser.find_element(By.CSS_SELECTOR, '#fidelity-run input').get_attribute('value')}"
+                    f" lists {[c.text for c in browser.find_elements(*rows)]}, not {list(tools['tool'])}")
+    click("fidelity-tools", row)
+    listed("demo", wb.episodes("demo", tool=tools["tool"].iloc[row])["episode_id"])
+    assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == ""
+
+    browser.get(real_app_url + "?run=train")  # a GRPO step → its groups' episodes
+    wait.until(lambda d: "Training" in d.find_element(By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
+               .text)
+    click("training-steps", 0)
+    listed("train", wb.episodes("train", phase="grpo", step=0)["episode_id"])
+    assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == "0"
+
+    run = sorted(wb.runs_with("memories"))[0]  # a privately rehearsed turn → its episode, open
+    episode = wb.rehearsed_turns(run)["episode_id"].iloc[0]
+    browser.get(real_app_url + f"?run={run}")
+    open_tab(browser, "Private rehearsal")
+    click("rehearsal-turns", 0)
+    button = (By.ID, "rehearsal-inspect")
+    wait.until(lambda d: any(b.is_displayed() for b in d.find_elements(*button)))
+    browser.find_element(*button).click()
+    shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}'] details.private")
+    wait.until(lambda d: d.find_elements(*shown), message=f"{run}: episode {episode} not opened with its rehearsal")
+    assert toasts(browser) == []
 
 
 def test_screenshots_take_the_newest_complete_demo_and_say_when_there_is_none(tmp_path, capsys):

@@ -130,11 +130,13 @@ class Workbench:
     def episodes(self, run_id: str | None = None, success: bool | None = None, min_checklist: float | None = None,
                  max_checklist: float | None = None, tool: str | None = None, termination: str | None = None,
                  fidelity: str | None = None, error_kind: str | None = None, worst_first: bool = False,
-                 limit: int = 500) -> pd.DataFrame:
+                 limit: int = 500, phase: str | None = None, step: int | None = None) -> pd.DataFrame:
         """Episodes with their mean rehearsal exact-match, best first (success, checklist, fidelity) or worst first.
 
         `fidelity` keeps one bucket of that mean: `low` (< 1/3), `mid`, `high` (≥ 2/3) or `none` (no pairs).
         `error_kind` keeps episodes with a caller parse error or a tool error of that kind (`error_kinds`).
+        `phase` (grpo, eval, …) and `step` keep one part of a training run: a GRPO step's groups, or the
+        evaluation after `step` updates.
         """
         buckets = {"low": "f.fidelity < 1/3", "mid": "f.fidelity >= 1/3 AND f.fidelity < 2/3",
                    "high": "f.fidelity >= 2/3", "none": "f.fidelity IS NULL"}
@@ -144,7 +146,8 @@ class Workbench:
                                                for t in ("episodes", "pairs", "calls", "generations"))
         where, params = _filters(("e.success = ?", success), ("e.checklist >= ?", min_checklist),
                                  ("e.checklist <= ?", max_checklist), ("e.termination = ?", termination),
-                                 ("e.run_id = ?", _run(run_id)),
+                                 ("e.run_id = ?", _run(run_id)), ("e.phase = ?", phase),
+                                 ("e.step = ?", None if step is None else int(step)),
                                  ("EXISTS (SELECT 1 FROM cl c WHERE c.run_id = e.run_id AND c.episode_id = "
                                   "e.episode_id AND c.name = ?)", tool),
                                  ("EXISTS (SELECT 1 FROM errs x WHERE x.run_id = e.run_id AND x.episode_id = "
@@ -160,6 +163,13 @@ class Workbench:
             f"e.generated_tokens FROM {episodes} e LEFT JOIN f USING (run_id, episode_id) {where} "
             f"ORDER BY e.success {order}, e.checklist {order}, f.fidelity {order} NULLS LAST, e.episode_id "
             f"LIMIT {int(limit)}", params)
+
+    def episodes_by_step(self, run_id: str, phase: str = "grpo") -> pd.DataFrame:
+        """A training run's episodes counted per step of one phase (GRPO's steps, or the evaluations after each
+        step's updates), with their success rate and mean checklist: the rows a link opens in the Inspector."""
+        return self._df(f"SELECT step, count(*) AS episodes, avg(success::DOUBLE) AS success, "
+                        f"avg(checklist) AS checklist FROM {self._source('episodes', run_id)} "
+                        "WHERE run_id = ? AND phase = ? GROUP BY step ORDER BY step", [check_run_id(run_id), phase])
 
     def group(self, run_id: str, episode_id: str) -> pd.DataFrame:
         """The GRPO group of a training episode side by side: the G episodes of its unit at its step, each with its
