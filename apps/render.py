@@ -30,6 +30,19 @@ _WRAP = "white-space:pre-wrap;overflow-wrap:anywhere"
 ROLE_COLOURS = {"caller": "#e8f0fe", "rehearser": "#fef3e2", "summariser": "#eef7ee"}
 
 
+LONG_CHARS = 1200  # a message longer than this is folded to its first line (click to read it whole)
+
+
+def message_html(text: str) -> str:
+    """A message word for word, wrapped; a long one folded under its first line and its length, so a turn's
+    calls and responses stay in view."""
+    body = f'<pre style="{_WRAP}">{escape(text)}</pre>'
+    if len(text) <= LONG_CHARS:
+        return body
+    first = escape(text.strip().splitlines()[0][:160]) if text.strip() else ""
+    return f'<details class="long"><summary>{first} … ({len(text):,} characters)</summary>{body}</details>'
+
+
 def _mark(inner: str, kind: str | None) -> str:
     if kind is None:
         return inner
@@ -187,7 +200,7 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
             continue
         if row["turn_step"] == 0:
             parts.append(f'<h4>Turn {row["turn"] + 1}</h4><div class="user"><b>user</b> '
-                         f'{escape(_text(row["user_message"]))}</div>')
+                         f'{message_html(_text(row["user_message"]))}</div>')
             if private and row["turn"] in private:
                 parts.append(private_html(private[row["turn"]]))
         if "caller" in roles:
@@ -195,7 +208,7 @@ def episode_html(steps: pd.DataFrame, calls: pd.DataFrame, roles: tuple[str, ...
                      if _text(row["parse_error"]) else "")
             parts.append(f'<div class="caller" style="background:{ROLE_COLOURS["caller"]}"><b>caller</b> · step '
                          f'{row["turn_step"]} · {row["tokens"]} tokens · {_reward(row)}{error}'
-                         f'<pre style="{_WRAP}">{escape(_text(row["completion_text"]))}</pre></div>')
+                         f'{message_html(_text(row["completion_text"]))}</div>')
         for call in calls_at.get((row["turn"], row["turn_step"]), []):
             parts.append(pair_html(call))
             rehearsal = rehearser_rows.get((call["turn"], call["turn_step"], call["call_index"]))

@@ -27,7 +27,9 @@ def test_the_store_has_every_kind_of_run(real_store):
 
 
 def test_every_episode_of_every_run_renders(real_store):
-    from apps.render import episode_html, tokens_html
+    from html import escape
+
+    from apps.render import LONG_CHARS, episode_html, message_html, tokens_html
     from workbench import Workbench
 
     wb = Workbench(real_store)
@@ -37,8 +39,14 @@ def test_every_episode_of_every_run_renders(real_store):
             steps, calls = wb.steps(run, episode), wb.calls(run, episode)
             html = episode_html(steps, calls) + tokens_html(steps)
             assert "nan" not in html.replace("nano", "")  # a missing value is never shown as NaN
+            for text in steps.loc[steps["role"] == "caller", "completion_text"]:  # every caller message, whole;
+                assert escape(text) in html  # a long one folded under its first line
+                assert (f"({len(text):,} characters)</summary>" in html) == (len(text) > LONG_CHARS)
             opened += 1
     assert opened >= 8
+    long = "first line of a long message\n" + "x <y> " * LONG_CHARS  # as a rambling caller writes
+    assert message_html(long).startswith('<details class="long"><summary>first line of a long message …')
+    assert escape(long) in message_html(long) and "<details" not in message_html(long[:LONG_CHARS])
 
 
 def test_a_privately_rehearsed_episode_shows_its_memory_and_imagined_attempts_in_its_turn(real_store):
