@@ -47,6 +47,33 @@ def open_tab(driver, name: str):
     return wait
 
 
+LABELS = {"runs": "Runs", "inspector": "Inspector", "fidelity": "Fidelity", "rehearsal": "Private rehearsal",
+          "training": "Training", "launch": "Launch"}  # the app's tab ids → their labels
+
+
+def follow_link(driver, url: str, run: str, lands: str, timeout: float = 150) -> None:
+    """Open `url?run=RUN` and wait until the app has switched to the run's own tab (`lands`, a tab id from
+    `apps.app.tab_of`): the link switches tabs once the page has loaded, which would undo a tab clicked before."""
+    from urllib.parse import quote
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url + f"?run={quote(run)}")
+    selected = (By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
+    WebDriverWait(driver, timeout).until(lambda d: [t.text for t in d.find_elements(*selected)] == [LABELS[lands]],
+                                         message=f"?run={run} did not land on {LABELS[lands]}")
+
+
+def landings(root: str | Path) -> dict[str, str]:
+    """Each run of the store → the tab a link to it opens."""
+    from apps.app import tab_of
+    from workbench import Workbench
+
+    wb = Workbench(root)
+    return {r: tab_of(wb, r, k) for r, k in zip(wb.runs()["run_id"], wb.runs()["kind"], strict=True)}
+
+
 def toasts(driver) -> list[str]:
     """The error toasts on the page."""
     from selenium.webdriver.common.by import By
@@ -54,16 +81,16 @@ def toasts(driver) -> list[str]:
     return [t.text for t in driver.find_elements(By.CSS_SELECTOR, "[data-testid='toast-body'], .toast-body")]
 
 
-def shoot(driver, url: str, runs: dict[str, str], out: Path) -> list[Path]:
-    """A screenshot of each tab of `TABS` opened on its run (`runs`: screenshot name → run id) into `out`, once
-    the tab has drawn (plots too); a tab that shows an error toast is a RuntimeError."""
+def shoot(driver, url: str, root: str | Path, runs: dict[str, str], out: Path) -> list[Path]:
+    """A screenshot of each tab of `TABS` opened on its run (`runs`: screenshot name → run id of the store at
+    `root`) into `out`, once the tab has drawn (plots too); a tab that shows an error toast is a RuntimeError."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     out.mkdir(parents=True, exist_ok=True)
-    saved = []
+    saved, lands = [], landings(root)
     for tab, name in TABS:
-        driver.get(url + f"?run={runs[name]}")
+        follow_link(driver, url, runs[name], lands[runs[name]])
         open_tab(driver, tab)
         wait = WebDriverWait(driver, 60)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".pending, .generating"))
@@ -111,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as profile:
                 driver = chromium(Path(profile))
                 try:
-                    for path in shoot(driver, f"http://127.0.0.1:{port}/", runs, Path(args.out)):
+                    for path in shoot(driver, f"http://127.0.0.1:{port}/", args.root, runs, Path(args.out)):
                         print(path)
                 finally:
                     driver.quit()

@@ -8,7 +8,7 @@ import pytest
 from gradio_client import Client
 
 from apps.app import KIND_COLUMNS, serve
-from apps.screenshots import CHROMIUM, DRIVER, TABS, chromium, open_tab, shoot, toasts
+from apps.screenshots import CHROMIUM, DRIVER, TABS, chromium, follow_link, landings, open_tab, shoot, toasts
 
 
 def _free_port() -> int:
@@ -295,9 +295,10 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     grpo = {r: set(e.loc[e["phase"] == "grpo", "episode_id"]) for r in wb.runs_with("episodes")
             if len(e := wb.episodes(r))}
     assert rehearsed and grpo.get("train")
+    lands = landings(real_store)
     for run in sorted(wb.runs_with("episodes")):
         expected = list(wb.episodes(run)["episode_id"])
-        browser.get(real_app_url + f"?run={run}")
+        follow_link(browser, real_app_url, run, lands[run])  # its own tab first, then the Inspector
         open_tab(browser, "Inspector")
         for i, episode in enumerate(expected):
             cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
@@ -315,7 +316,7 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                 WebDriverWait(browser, 60).until(lambda d, r=row: d.find_elements(*r))
             opened += 1
     assert opened == sum(len(wb.episodes(r)) for r in wb.runs_with("episodes"))
-    shot = shoot(browser, real_app_url, {"inspector": "demo", "runs": "train", "fidelity": "train",
+    shot = shoot(browser, real_app_url, real_store, {"inspector": "demo", "runs": "train", "fidelity": "train",
                                          "private-rehearsal": "sw", "training": "train", "launch": "train"}, shots)
     assert [p.name for p in shot] == [f"{name}.png" for _, name in TABS] and all(p.stat().st_size > 10_000
                                                                                for p in shot)
@@ -367,7 +368,7 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
                .text and "train" in d.find_element(By.ID, "training-runs").text)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-steps [data-testid='cell-0-0']"))
 
-    browser.get(real_app_url + "?run=demo")  # a tool of the per-tool table → the episodes that call it
+    follow_link(browser, real_app_url, "demo", "inspector")  # a tool of the per-tool table → its episodes
     open_tab(browser, "Fidelity")
     tools = wb.fidelity_by_tool("demo")
     row = next(i for i, t in enumerate(tools["tool"]) if t != "all")
@@ -382,17 +383,14 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
     listed("demo", wb.episodes("demo", tool=tools["tool"].iloc[row])["episode_id"])
     assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == ""
 
-    browser.get(real_app_url + "?run=train")  # a GRPO step → its groups' episodes
-    wait.until(lambda d: "Training" in d.find_element(By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
-               .text)
+    follow_link(browser, real_app_url, "train", "training")  # a GRPO step → its groups' episodes
     click("training-steps", 0)
     listed("train", wb.episodes("train", phase="grpo", step=0)["episode_id"])
     assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == "0"
 
     run = sorted(wb.runs_with("memories"))[0]  # a privately rehearsed turn → its episode, open
     episode = wb.rehearsed_turns(run)["episode_id"].iloc[0]
-    browser.get(real_app_url + f"?run={run}")
-    open_tab(browser, "Private rehearsal")
+    follow_link(browser, real_app_url, run, "rehearsal")
     click("rehearsal-turns", 0)
     button = (By.ID, "rehearsal-inspect")
     wait.until(lambda d: any(b.is_displayed() for b in d.find_elements(*button)))
