@@ -355,18 +355,33 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
         cell = (By.CSS_SELECTOR, f"#{table} [data-testid='cell-{row}-{column}']")
         wait.until(lambda d: d.find_elements(*cell), message=f"no row {row} in #{table}").__getitem__(0).click()
 
-    browser.get(real_app_url)  # Runs: a kind's own columns; runs picked → their curves overlaid in Training
+    browser.get(real_app_url)  # Runs: search, a kind's own columns, a config diff; runs picked → overlaid
+    first = (By.CSS_SELECTOR, "#runs-table [data-testid^='cell-'][data-testid$='-0']")
+    wait.until(lambda d: len(d.find_elements(*first)) == len(wb.runs()))
+    browser.find_element(By.CSS_SELECTOR, "#runs-search input, #runs-search textarea").send_keys("WORLD")
+    wait.until(lambda d: [c.text for c in d.find_elements(*first)] == ["world-model"])
+    browser.find_element(By.CSS_SELECTOR, "#runs-search input, #runs-search textarea").clear()
     kind = (By.XPATH, "//*[@id='runs-kind']//label[normalize-space()='train']")
     wait.until(lambda d: d.find_elements(*kind)).__getitem__(0).click()
     header = (By.CSS_SELECTOR, "#runs-table [data-testid^='header-']")
     wait.until(lambda d: [h.text for h in d.find_elements(*header)] == KIND_COLUMNS["train"])
     picker = browser.find_element(By.CSS_SELECTOR, "#runs-compare input")
-    picker.send_keys("train")
-    picker.send_keys(Keys.ENTER)
-    browser.find_element(By.ID, "runs-overlay").click()
+    for run in ("demo", "train"):
+        picker.send_keys(run)
+        picker.send_keys(Keys.ENTER)
+    differ = (By.CSS_SELECTOR, "#runs-config-diff [data-testid^='header-']")
+    wait.until(lambda d: [h.text for h in d.find_elements(*differ)] == ["field", "demo", "train"])
+    browser.find_element(By.ID, "runs-overlay").click()  # the training runs among them, in Training
     wait.until(lambda d: "Training" in d.find_element(By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
                .text and "train" in d.find_element(By.ID, "training-runs").text)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-steps [data-testid='cell-0-0']"))
+    browser.find_element(By.XPATH, "//*[@id='training-x']//label[normalize-space()='tokens']").click()
+    wait.until(lambda d: "tokens trained on" in d.find_element(By.ID, "training-curves").text)
+    metrics = browser.find_element(By.CSS_SELECTOR, "#training-metrics input")
+    metrics.send_keys("loss")
+    metrics.send_keys(Keys.ENTER)  # the metric picker: only the one picked
+    wait.until(lambda d: "policy loss" in d.find_element(By.ID, "training-curves").text
+               and "entropy" not in d.find_element(By.ID, "training-curves").text)
 
     follow_link(browser, real_app_url, "demo", "inspector")  # a tool of the per-tool table → its episodes
     open_tab(browser, "Fidelity")
