@@ -160,16 +160,27 @@ def _judgements(con, run_id: str) -> Group | None:
     return Group(table, *(Text(caveat(r[0])) for r in rows))  # the caveat on its own line, below
 
 
-def _study(meta: dict[str, Any]):
-    """A study's report (`envace/study`), once it has written one."""
+def _study(con, meta: dict[str, Any]):
+    """A study's report (`envace/study`) once it has written one; until then, its stage runs so far (`NAME-STAGE-sSEED`;
+    a sweep stage's cells are runs of their own, not stages)."""
+    import re
+    import time
     from pathlib import Path
 
     from rich.markdown import Markdown
 
     report = Path((meta.get("summary") or {}).get("report", ""))
-    if not report.is_file():
-        return Text("no report yet: run `envace study FILE` again and it goes on where it stopped")
-    return Markdown(report.read_text())
+    if report.is_file():
+        return Markdown(report.read_text())
+    stages = con.execute("SELECT run_id, kind, status, created_at, updated_at FROM runs WHERE regexp_full_match("
+                         "run_id, ?) ORDER BY created_at", [re.escape(meta["run_id"]) + r"-.+-s\d+"]).fetchall()
+    done = sum(status == "completed" for *_, status, _, _ in stages)
+    table = Table("stage", "kind", "status", "started", "minutes", title=f"{done} of "
+                  f"{(meta.get('summary') or {}).get('stages', '?')} stages completed; no report yet")
+    for run_id, kind, status, created, updated in stages:
+        table.add_row(run_id, str(kind), str(status), time.strftime("%m-%d %H:%M", time.localtime(created or 0)),
+                      f"{((updated or 0) - (created or 0)) / 60:.1f}")
+    return Group(table, Text("`envace study FILE` again goes on where it stopped (completed stages are kept)"))
 
 
 def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
@@ -180,7 +191,7 @@ def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
     elif kind == "sweep":
         parts = [_sweep(con, run_id)]
     elif kind == "study":
-        parts = [_study(meta)]
+        parts = [_study(con, meta)]
     else:
         parts = [_episodes(con, run_id), _judgements(con, run_id), _tools(con, run_id)]
     return [t for t in parts if t is not None]

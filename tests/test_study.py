@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,11 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
                                                                      "tiny-screen-sft-n2-s0")}
     assert all('"completed"' in text for text in kept.values())
     pools = json.loads((root / "tiny" / "pools.json").read_text())
+    assert main(["show", "tiny", "--root", str(root)]) == 0  # no report yet: the stages so far, and how many
+    shown = capsys.readouterr().out
+    done = sum(_status(root, p.name) == "completed" for p in root.iterdir() if re.fullmatch(r"tiny-.+-s\d+", p.name))
+    assert f"{done} of {json.loads((root / 'tiny' / 'run.json').read_text())['summary']['stages']} stages" in shown
+    assert "tiny-envace-s0" in shown and "no report yet" in shown
 
     assert main(["study", str(config), "--root", str(root)]) == 0
     out = capsys.readouterr().out
@@ -102,6 +108,9 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
 
     stages = [p.name for p in root.iterdir() if (p / "run.json").exists()]
     assert all(_status(root, run) == "completed" for run in stages)
+    summary = json.loads((root / "tiny" / "run.json").read_text())["summary"]
+    staged = [run for run in stages if re.fullmatch(r"tiny-.+-s\d+", run)]  # not the sweep's cells, nor itself
+    assert summary["stages"] == len(staged)  # every stage run the study said it would hold
     for seed in (0, 1):  # the first seed's SFT of the chosen size (2: no size reached 15%) is the floor's own run
         assert {f"tiny-{arm}-s{seed}" for arm in ("sft-n2", "envace", "control", "random")} <= set(stages)
     assert "tiny-sft-n1-s1" not in stages
