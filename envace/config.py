@@ -463,6 +463,8 @@ class TrainConfig(Config):
         "whole unsharded gradient per weight is held between passes: 2 bytes a weight in bf16, 16 GB at 8B)",
         False)
     save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
+    sft_save_every: int = doc("SFT steps between resumable warm-up states (`sft_state.pt`, one process; "
+                              "0 = none: a warm-up killed before its end starts over)", 10)
     real_fraction_end: float | None = doc("anneal rollout.real_fraction linearly to this by the last step "
                                           "(unset = constant)", None)
     eval_every: int = doc("GRPO steps between evaluations on test-split tasks (0 = none)", 0)
@@ -517,7 +519,7 @@ class TrainConfig(Config):
 
         at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit",
                  "grpo_tasks", "max_pack_tokens")
-        at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every")
+        at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every", "sft_save_every")
         if self.grpo_units is not None and (not self.grpo_units or
                                             not all(isinstance(u, str) and u for u in self.grpo_units)):
             raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")

@@ -28,6 +28,45 @@ def test_reference_rows_cover_both_roles_from_train_tasks_only(bfcl, tiny):
         reference_rows(bfcl.load_tasks("multi_turn_base", "test", limit=1), bfcl, tiny[1], RehearserOptions())
 
 
+def test_a_killed_warm_up_goes_on_from_its_last_saved_step(tmp_path):
+    """SFT killed after step 3 with its place saved every 2 steps: `--resume` loads step 2's weights, moments
+    and random state, takes steps 3.. again, and ends with the weights, per-step NLL and per-epoch NLL of a
+    warm-up never stopped (exact: the same steps in the same order on the same numbers)."""
+    import torch
+
+    from envace.config import TrainConfig
+    from envace.jobs import train_job
+    from envace.store import Run
+    from envace.training.train import train
+
+    cfg = TrainConfig(model="tiny", sft_tasks=2, sft_epochs=2, sft_lr=3e-3, rows_per_step=6, grpo_steps=0,
+                      sft_save_every=2)
+    whole, _ = train_job(cfg, tmp_path, "whole")
+
+    def killed_after_step_3(line: str) -> None:
+        if line.strip().startswith("SFT step 3/"):
+            raise KeyboardInterrupt
+
+    cut = Run.create(tmp_path, "train", {}, "tiny", "cut")
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, cut, say=killed_after_step_3)
+    assert torch.load(cut.path / "sft_state.pt", weights_only=True)["step"] == 2
+    assert not (cut.path / "state.pt").exists()
+    said: list[str] = []
+    summary = train(cfg, cut, say=said.append, resume=True)
+    assert any(line.startswith("  SFT goes on after step 2/") for line in said)
+    assert not any("SFT step 2/" in line for line in said) and any("SFT step 3/" in line for line in said)
+    assert not (cut.path / "sft_state.pt").exists()  # done: its result is state.pt now
+    assert {k: v for k, v in summary.items() if k.startswith("sft_nll")} == \
+        {k: v for k, v in whole.meta()["summary"].items() if k.startswith("sft_nll")}
+    a, b = (torch.load(r.path / "state.pt", weights_only=True) for r in (whole, cut))
+    weights = [k for k in a if isinstance(a[k], dict) and all(torch.is_tensor(v) for v in a[k].values())]
+    assert weights and all(torch.equal(a[k][n], b[k][n]) for k in weights for n in a[k])
+    con = connect(tmp_path)
+    nll = "SELECT step, value FROM metrics WHERE run_id = ? AND phase = 'sft' AND name = 'nll' ORDER BY step"
+    assert con.execute(nll, ["whole"]).fetchall() == con.execute(nll, ["cut"]).fetchall()
+
+
 def test_train_smoke_config_end_to_end(tmp_path, capsys):
     root = str(tmp_path)
     assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "t"]) == 0

@@ -2,7 +2,8 @@
 
 Every stage is a run named `NAME-<stage>-s<seed>` beside the study's own run (`NAME`, kind `study`), which keeps
 the design, the pools and, at the end, `report.md` and `figure.html`. A re-run keeps every completed stage,
-resumes an interrupted training from its `state.pt` and plays any other interrupted stage again from scratch.
+resumes an interrupted training from its `state.pt` (or its SFT from `sft_state.pt`) and plays any other
+interrupted stage again from scratch.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Stages:
         if self.completed(run):
             self.reporter.say(f"[{self.at}/{self.total}] {run}: done already, kept")
             return
-        resume = (self.root / run / "state.pt").exists()
+        resume = any((self.root / run / f).exists() for f in ("state.pt", "sft_state.pt"))
         if (self.root / run).exists() and not resume:
             shutil.rmtree(self.root / run)
         self.reporter.say(f"[{self.at}/{self.total}] {run}" + (" (resumed)" if resume else ""))

@@ -26,7 +26,8 @@ in which case rollouts run on a whole copy of the weights.
 Resume is exact because nothing random carries over between steps: step k's tasks and sampling seeds
 derive from (seed, k) alone, so `state.pt` (trainable weights, optimiser, next step; written after SFT
 and every `save_every` steps, atomically) is all a killed run needs. Shards are keyed by step, so a step
-redone after a kill rewrites its rows instead of duplicating them.
+redone after a kill rewrites its rows instead of duplicating them. A warm-up killed before its end goes on from
+`sft_state.pt` (`sft_state.py`, every `sft_save_every` SFT steps).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from envace.training.packing.tree import check_budget
 from envace.training.pool import grpo_pool, seen_groups, write_seen
 from envace.training.rows import reference_rows, training_rows
 from envace.training.served import ServedPolicy
+from envace.training.sft_state import SftState
 from envace.training.staleness import AheadPipeline
 from envace.types import Role
 
@@ -237,18 +239,27 @@ def _step_metrics(rows: list[Row], advantages: list[float], episodes: list[Episo
 
 
 def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
-         log: Callable[[int, dict[str, float]], None], say: Callable[[str], None]) -> dict[str, float]:
+         log: Callable[[int, dict[str, float]], None], say: Callable[[str], None],
+         place: SftState | None = None) -> dict[str, float]:
     """Supervised warm-up on reference rows (`algorithms.SFT`: every advantage 1 turns the loss into the NLL);
-    `log(step, values)` records each step's (process 0 calls it)."""
+    `log(step, values)` records each step's (process 0 calls it). With `place`, a killed warm-up goes on from
+    its last saved step (`sft_state.py`)."""
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.sft_lr, cfg.shard_optimizer)
     packs, step, started, nll = chains(rows), 0, time.perf_counter(), {}  # an episode's caller rows stay together
     epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
               for e in range(cfg.sft_epochs)]
     total = sum(len(chunks) for chunks in epochs)
+    done, history = place.load(model, optimizer) if place else (0, [])
+    if done:
+        say(f"  SFT goes on after step {done}/{total} (sft_state.pt)")
     model.train()
     for epoch, chunks in enumerate(epochs):
         losses = []
         for chunk in chunks:
+            if step < done:  # taken before the kill: its loss is kept, its update is in the weights
+                losses.append(history[step])
+                step += 1
+                continue
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
             optimizer.zero_grad(set_to_none=True)
             stats = backward(model, batch, algorithms.SFT.advantages(batch), pad,
@@ -263,7 +274,10 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
             if procs.main:
                 log(step, {"nll": losses[-1], "tokens": stats["tokens"], "epoch": epoch})
             step += 1
-            say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step, total)}")
+            history.append(losses[-1])
+            if place:
+                place.save(step, model, optimizer, history)
+            say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step - done, total - done)}")
         nll[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
         say(f"  epoch {epoch + 1}: mean completion NLL {nll[f'sft_nll_epoch_{epoch + 1}']:.3f}")
     return nll
@@ -280,8 +294,10 @@ def _processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable
 
 
 def warm_up(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, train_tasks, tok, model, procs: Processes,
-            log: Callable[[int, dict[str, float]], None], say: Callable[[str], None]) -> dict[str, float]:
-    """SFT on the reference rows of the first `sft_tasks` train tasks (`_sft`); the summary's NLL per epoch."""
+            log: Callable[[int, dict[str, float]], None], say: Callable[[str], None],
+            place: SftState | None = None) -> dict[str, float]:
+    """SFT on the reference rows of the first `sft_tasks` train tasks (`_sft`, going on from `place` if a
+    killed warm-up saved one); the summary's NLL per epoch."""
     rows = [r for r in reference_rows(train_tasks[: cfg.sft_tasks], benchmark, tok, cfg.rollout.rehearser,
                                       cfg.rollout.caller_demo, bank, cfg.rollout.tool_docs)
             if r.role in cfg.trained_roles or r.role == "summariser"]  # every role the trained weights play
@@ -289,7 +305,7 @@ def warm_up(cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, train_tas
         check_budget(rows, cfg.max_pack_tokens)  # before the first step, not in the middle of an epoch
     say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s), "
         f"{cfg.packing} packing" + (f", {procs.world} processes" if procs.world > 1 else ""))
-    return _sft(cfg, model, rows, tok.pad_token_id, procs, log, say)
+    return _sft(cfg, model, rows, tok.pad_token_id, procs, log, say, place)
 
 
 def log_sft(s: Session) -> Callable[[int, dict[str, float]], None]:
@@ -491,7 +507,14 @@ def started(s: Session, resume: bool, device: Callable[[], Any], warm: Callable[
             s.run.update(summary=summary)
     if not saved:
         save_state(s, 0)
+    if s.procs.main:
+        sft_place(s.cfg, s.run, s.procs).clear()  # SFT's result is in state.pt now
     return start, versions, summary
+
+
+def sft_place(cfg: TrainConfig, run: Run, procs: Processes) -> SftState:
+    """Where a killed warm-up's place is kept (`sft_state.py`): saved by a single process only."""
+    return SftState(run.path / "sft_state.pt", cfg.sft_save_every if procs.world == 1 else 0)
 
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
@@ -523,7 +546,7 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     optimizer = procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.shard_optimizer)
     s.learner = Learner(cfg, model, optimizer, procs, tok.pad_token_id)
     start, versions, summary = started(s, resume, lambda: s.generator.device, lambda: warm_up(
-        cfg, benchmark, bank, train_tasks, tok, model, procs, log_sft(s), say))
+        cfg, benchmark, bank, train_tasks, tok, model, procs, log_sft(s), say, sft_place(cfg, run, procs)))
     procs.sync(model, s.generator)
 
     s.served = _served(s, tok) if cfg.grpo_steps > start or cfg.eval_every else None  # nothing to generate: none
