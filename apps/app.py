@@ -70,6 +70,8 @@ def of_kind(frame: pd.DataFrame, view: str) -> pd.DataFrame:
     kinds = None if view == "all" else set(view.split(" / "))
     rows = frame if kinds is None or frame.empty else frame[frame["kind"].isin(kinds)]
     return rows[KIND_COLUMNS.get(view, RUN_COLUMNS)]
+
+
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
 _OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity", "study": "runs"}
 

@@ -83,7 +83,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
     view = gr.HTML(elem_id="inspector-view")
 
     @shown_errors
-    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order, in_phase, step, current,
+    def list_episodes(run_id, success, lo, hi, tool, ended, bucket, error, order, in_phase, at, current,
                       request: gr.Request):
         """The episodes the filters keep; the open one stays open while it is listed (a link sets it with the
         filters), else `?episode=` of a link to this run, else the first."""
@@ -93,7 +93,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
                             tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
                             fidelity=None if bucket == _ANY else bucket,
                             error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first",
-                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=step)
+                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=at)
         ids = list(frame["episode_id"])
         wanted = linked(request, "episode") if run_id == linked(request) else None  # `?run=R&episode=E`
         opened = next((e for e in (current, wanted) if e in ids), ids[0] if ids else None)
