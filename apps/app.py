@@ -28,7 +28,8 @@ def run_table(wb: Workbench) -> pd.DataFrame:
     heads = wb.headlines().set_index("run_id")
     stored = wb.episode_counts()  # a run with no summary count (training, an interrupted run) still has episodes
     table = pd.DataFrame({
-        "run": runs["run_id"], "kind": runs["kind"], "status": runs["status"], "model": runs["model"],
+        "run": runs["run_id"], "kind": runs["kind"], "status": runs["status"],
+        "model": runs["model"].map(lambda m: _short(wb.root, m)),
         "created": pd.to_datetime(runs["created"]).dt.strftime("%Y-%m-%d %H:%M"),
         "episodes": [str(int(n)) if not pd.isna(n) else str(stored.get(r, "")) for r, n in
                      zip(runs["run_id"], runs["episodes"], strict=True)],
@@ -41,6 +42,15 @@ def run_table(wb: Workbench) -> pd.DataFrame:
         "eval rehearsal exact": runs["run_id"].map(lambda r: score(heads["eval_exact"].get(r))),
     })
     return table.fillna("")
+
+
+def _short(root: Path, model: object) -> str:
+    """A model as the table shows it: a checkpoint of this store by its run (`demo-train-…/checkpoint`)."""
+    text = str(model or "")
+    for prefix in (f"{root}/", f"{root.resolve()}/"):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
 
 
 def matching(frame: pd.DataFrame, query: str | None) -> pd.DataFrame:
@@ -95,7 +105,8 @@ def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple:
                             elem_id="runs-search")
         view = gr.Radio(list(KIND_COLUMNS), value="all", label="kind (each with its own columns)", scale=3,
                         elem_id="runs-kind")
-    runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False, elem_id="runs-table")
+    runs = gr.Dataframe(label="runs, newest first (click one to open it)", interactive=False, wrap=True,
+                        elem_id="runs-table")
     with gr.Row():
         compared = gr.Dropdown(label="compare runs (pick two or more): their config diff, or their curves overlaid",
                                choices=[], value=[], multiselect=True, scale=3, elem_id="runs-compare")
@@ -188,7 +199,8 @@ def episodes_of(run_id: str, tool: str = "", phase: str = "any", step: int | Non
                 episode: str | None = None) -> tuple:
     """The Inspector opened on a run's episodes, filtered (a tool they call, a phase and step) and, given one,
     that episode open: the updates for `[tabs, *Opened.components()]`."""
-    return gr.Tabs(selected="inspector"), run_id, tool, phase, step, episode if episode else gr.skip()
+    return gr.Tabs(selected="inspector"), run_id, tool, phase, "" if step is None else str(step), \
+        episode if episode else gr.skip()
 
 
 def _link_to_episodes(wb: Workbench, tabs: gr.Tabs, inspected: inspector.Opened, tools: tuple, steps: tuple,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
 from apps.render import episode_html, tokens_html
+from envace.errors import UsageError
 from workbench import Workbench
 
 EPISODE_COLUMNS = ["episode_id", "phase", "step", "task_uid", "success", "checklist", "fidelity", "termination",
@@ -22,6 +23,16 @@ _ANY = "any"
 
 def _flag(choice: str) -> bool | None:
     return None if choice == _ANY else choice == "yes"
+
+
+def _step(text: str | int | None) -> int | None:
+    """The step filter: empty is any step; anything but a whole number ≥ 0 is a message."""
+    text = "" if text is None else str(text).strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise UsageError(f"step: a whole number from 0 (empty: any step), not {text!r}")
+    return int(text)
 
 
 def view_html(wb: Workbench, run_id: str, episode_id: str, roles: list[str], tokens: str | None) -> str:
@@ -63,8 +74,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
         order = gr.Radio(["best first", "worst first"], value="best first", label="sort", scale=1)
         phase = gr.Dropdown(label="phase", choices=[_ANY, "grpo", "eval", "rollout"], value=_ANY,
                             allow_custom_value=True, scale=1, elem_id="inspector-phase")
-        at_step = gr.Number(label="step (empty: any)", value=None, precision=0, minimum=0, scale=1,
-                            elem_id="inspector-step")
+        at_step = gr.Textbox(label="step (empty: any)", placeholder="e.g. 0", scale=1, elem_id="inspector-step")
     episodes = gr.Dataframe(label="episodes (click a row to open it)", interactive=False, max_height=260,
                             elem_id="inspector-episodes")
     with gr.Row():
@@ -93,7 +103,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
                             tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
                             fidelity=None if bucket == _ANY else bucket,
                             error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first",
-                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=at)
+                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=_step(at))
         ids = list(frame["episode_id"])
         wanted = linked(request, "episode") if run_id == linked(request) else None  # `?run=R&episode=E`
         opened = next((e for e in (current, wanted) if e in ids), ids[0] if ids else None)

@@ -21,6 +21,8 @@ from envace.errors import UsageError
 from workbench import RunHandle, Workbench
 from workbench.launch import KINDS, config_fields, launch_resolved, resolve, table_of
 
+PER_ROW = 3  # fields side by side in the form
+
 
 def _read(row: dict, value: Any) -> Any:
     """A widget's value as the config takes it: a number field's integer as an int, a `literal` field's text as
@@ -38,7 +40,7 @@ def _widget(row: dict, changed: bool) -> gr.components.Component:
     the help; a value that is not the default is marked ● in the label."""
     label = ("● " if changed else "") + row["field"].rpartition(".")[2]
     info = (row["help"] + f" (default: {json.dumps(row['default'])})").strip()
-    kw = {"label": label, "info": info, "interactive": True,
+    kw = {"label": label, "info": info, "interactive": True, "scale": 1, "min_width": 240,
           "elem_id": "launch-field-" + row["field"].replace(".", "-"), "elem_classes": ["changed"] if changed else None}
     value = row["value"]
     if row["widget"] == "checkbox":
@@ -78,11 +80,14 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
         for table in dict.fromkeys(table_of(r["field"], kind) for r in rows):
             group = [r for r in rows if table_of(r["field"], kind) == table]
             with gr.Accordion(f"[{table}] · {len(group)} fields", open=table == kind, elem_classes=["launch-table"]):
-                with gr.Row(equal_height=False):
-                    for row in group:
-                        widget = _widget(row, row["value"] != row["default"])
-                        widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
-                                      [widget, values], values)
+                for at in range(0, len(group), PER_ROW):  # rows of equal columns: every help text readable
+                    with gr.Row(equal_height=False):
+                        for row in group[at:at + PER_ROW]:
+                            widget = _widget(row, row["value"] != row["default"])
+                            widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
+                                          [widget, values], values)
+                        for _ in range(PER_ROW - len(group[at:at + PER_ROW])):
+                            gr.HTML("")  # the last row's columns as wide as the others
 
     with gr.Accordion("resolved config (what the job will run)", open=False):
         preview = gr.Code(language="json", interactive=False, elem_id="launch-preview")

@@ -396,12 +396,13 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
                     f" lists {[c.text for c in browser.find_elements(*rows)]}, not {list(tools['tool'])}")
     click("fidelity-tools", row)
     listed("demo", wb.episodes("demo", tool=tools["tool"].iloc[row])["episode_id"])
-    assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == ""
+    step = (By.CSS_SELECTOR, "#inspector-step input, #inspector-step textarea")
+    assert browser.find_element(*step).get_attribute("value") == ""  # no step filter
 
     follow_link(browser, real_app_url, "train", "training")  # a GRPO step → its groups' episodes
     click("training-steps", 0)
     listed("train", wb.episodes("train", phase="grpo", step=0)["episode_id"])
-    assert browser.find_element(By.CSS_SELECTOR, "#inspector-step input").get_attribute("value") == "0"
+    assert browser.find_element(*step).get_attribute("value") == "0"
 
     run = sorted(wb.runs_with("memories"))[0]  # a privately rehearsed turn → its episode, open
     episode = wb.rehearsed_turns(run)["episode_id"].iloc[0]

@@ -109,15 +109,17 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
 
 def widget_of(hint: Any) -> str:
     """The form widget a field's annotation asks for: `checkbox` (bool), `dropdown` (a `Literal`), `integer` or
-    `number` (also when None is allowed: empty keeps the default), `text` (str), else `literal` (text read as a
-    TOML literal, as `--set` reads it: `auto` or 128, a list)."""
+    `number` (int, float), `text` (str), else `literal`: text read as a TOML literal, as `--set` reads it (`auto`
+    or 128, a list; a number that may be unset, where empty keeps the default: a number box cannot be empty)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     plain = args[0] if len(args) == 1 and typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
     if plain is bool:
         return "checkbox"
     if typing.get_origin(plain) is typing.Literal:
         return "dropdown"
-    return {int: "integer", float: "number", str: "text"}.get(plain, "literal")
+    if plain is str:
+        return "text"
+    return {int: "integer", float: "number"}.get(hint, "literal")
 
 
 def table_of(field_name: str, kind: str) -> str:
