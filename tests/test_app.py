@@ -205,16 +205,15 @@ def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, br
     wait.until(lambda d: "invented_by_rehearser" in d.find_element(By.ID, "inspector-view").text)  # that episode
 
 
-def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
-    """Launch: fields grouped by table, typed widgets, changed values marked, start disabled while the config does
-    not check out; the job it starts writes a run the Runs tab lists."""
+def edit_launch_form(browser, url: str):
+    """The Launch tab on smoke.toml's train job: one folded group per TOML table (the job's own open), widgets by
+    type, a value the file sets marked, start disabled while a field is invalid (lr = -1) and enabled again once
+    it checks out (lr = 0.0005, listed as edited). Returns the start button's locator."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from envace.store import get_run
-
-    browser.get(app_url)
+    browser.get(url)
     open_tab(browser, "Launch")  # smoke.toml, train
     wait = WebDriverWait(browser, 60)
     start = (By.ID, "launch-start")
@@ -236,6 +235,18 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     wait.until(lambda d: d.find_element(*start).is_enabled())
     changes = " ".join(browser.find_element(By.ID, "launch-changes").text.split())
     assert "lr = 0.0005 (default 1e-05, edited here)" in changes and "grpo_steps = 2 (default 4)" in changes
+    return start
+
+
+def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
+    """Launch: fields grouped by table, typed widgets, changed values marked, start disabled while the config does
+    not check out; the job it starts writes a run the Runs tab lists."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from envace.store import get_run
+
+    start = edit_launch_form(browser, app_url)
     browser.find_element(*start).click()
     log = (By.CSS_SELECTOR, "#launch-log textarea")
     WebDriverWait(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
@@ -377,11 +388,20 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-steps [data-testid='cell-0-0']"))
     browser.find_element(By.XPATH, "//*[@id='training-x']//label[normalize-space()='tokens']").click()
     wait.until(lambda d: "tokens trained on" in d.find_element(By.ID, "training-curves").text)
-    metrics = browser.find_element(By.CSS_SELECTOR, "#training-metrics input")
-    metrics.send_keys("loss")
-    metrics.send_keys(Keys.ENTER)  # the metric picker: only the one picked
-    wait.until(lambda d: "policy loss" in d.find_element(By.ID, "training-curves").text
-               and "entropy" not in d.find_element(By.ID, "training-curves").text)
+    def only_loss(d) -> bool:
+        """The metric picker: only the one picked is drawn (picked again if a redraw swallowed the keys)."""
+        curves = d.find_element(By.ID, "training-curves").text
+        if "policy loss" in curves and "entropy" not in curves:
+            return True
+        if "loss" not in d.find_element(By.ID, "training-metrics").text:
+            picker = d.find_element(By.CSS_SELECTOR, "#training-metrics input")
+            picker.send_keys("loss")
+            picker.send_keys(Keys.ENTER)
+        return False
+
+    WebDriverWait(browser, 120, poll_frequency=2, ignored_exceptions=[StaleElementReferenceException]).until(only_loss)
+
+    edit_launch_form(browser, real_app_url)  # Launch's form on this store (not started: the store stays as is)
 
     follow_link(browser, real_app_url, "demo", "inspector")  # a tool of the per-tool table → its episodes
     open_tab(browser, "Fidelity")
