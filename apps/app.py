@@ -26,10 +26,11 @@ def run_table(wb: Workbench) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=RUN_COLUMNS)
     heads = wb.headlines().set_index("run_id")
+    store = (f"{wb.root}/", f"{wb.root.resolve()}/")  # a checkpoint of this store is shown by its run
     stored = wb.episode_counts()  # a run with no summary count (training, an interrupted run) still has episodes
     table = pd.DataFrame({
         "run": runs["run_id"], "kind": runs["kind"], "status": runs["status"],
-        "model": runs["model"].map(lambda m: _short(wb.root, m)),
+        "model": runs["model"].map(lambda m: _short(store, m)),
         "created": pd.to_datetime(runs["created"]).dt.strftime("%Y-%m-%d %H:%M"),
         "episodes": [str(int(n)) if not pd.isna(n) else str(stored.get(r, "")) for r, n in
                      zip(runs["run_id"], runs["episodes"], strict=True)],
@@ -44,10 +45,11 @@ def run_table(wb: Workbench) -> pd.DataFrame:
     return table.fillna("")
 
 
-def _short(root: Path, model: object) -> str:
-    """A model as the table shows it: a checkpoint of this store by its run (`demo-train-…/checkpoint`)."""
+def _short(prefixes: tuple[str, ...], model: object) -> str:
+    """A model as the table shows it: a checkpoint of this store (under one of `prefixes`, the store's folder
+    as given and resolved) by its run (`demo-train-…/checkpoint`)."""
     text = str(model or "")
-    for prefix in (f"{root}/", f"{root.resolve()}/"):
+    for prefix in prefixes:
         if text.startswith(prefix):
             return text[len(prefix):]
     return text

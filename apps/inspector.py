@@ -35,6 +35,25 @@ def _step(text: str | int | None) -> int | None:
     return int(text)
 
 
+def filtered(wb: Workbench, run_id: str, success: str, lo: float, hi: float, tool: str | None, ended: str,
+             bucket: str, error: str | None, order: str, phase: str | None, at: str | None) -> pd.DataFrame:
+    """A run's episodes as the Inspector's filters (their widgets' values: `any` is no filter) keep them."""
+    return wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
+                       tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
+                       fidelity=None if bucket == _ANY else bucket,
+                       error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first",
+                       phase=None if phase in (None, "", _ANY) else phase, step=_step(at))
+
+
+def exported(wb: Workbench, run_id: str | None, episode_id: str | None) -> gr.File:
+    """One episode's calls as JSONL in a fresh temporary folder, offered for download."""
+    if not run_id or not episode_id:
+        raise gr.Error("pick an episode first")
+    path = Path(tempfile.mkdtemp(prefix="envace-export-")) / f"{run_id}-{episode_id}.jsonl"
+    wb.export(wb.calls(run_id, episode_id), path)
+    return gr.File(value=str(path), visible=True)
+
+
 def view_html(wb: Workbench, run_id: str, episode_id: str, roles: list[str], tokens: str | None) -> str:
     """One episode as a transcript (with what private rehearsal imagined before each turn it rehearsed), and the
     token view below it when asked for."""
@@ -99,11 +118,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
         filters), else `?episode=` of a link to this run, else the first."""
         if not run_id:
             return pd.DataFrame(columns=EPISODE_COLUMNS), gr.Dropdown(choices=[], value=None)
-        frame = wb.episodes(run_id, success=_flag(success), min_checklist=lo, max_checklist=hi,
-                            tool=(tool or "").strip() or None, termination=None if ended == _ANY else ended,
-                            fidelity=None if bucket == _ANY else bucket,
-                            error_kind=None if error in (None, _ANY) else error, worst_first=order == "worst first",
-                            phase=None if in_phase in (None, "", _ANY) else in_phase, step=_step(at))
+        frame = filtered(wb, run_id, success, lo, hi, tool, ended, bucket, error, order, in_phase, at)
         ids = list(frame["episode_id"])
         wanted = linked(request, "episode") if run_id == linked(request) else None  # `?run=R&episode=E`
         opened = next((e for e in (current, wanted) if e in ids), ids[0] if ids else None)
@@ -123,14 +138,6 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
         return frame.iloc[evt.index[0]]["episode_id"]
 
     @shown_errors
-    def export_episode(run_id, episode_id):
-        if not run_id or not episode_id:
-            raise gr.Error("pick an episode first")
-        path = Path(tempfile.mkdtemp(prefix="envace-export-")) / f"{run_id}-{episode_id}.jsonl"
-        wb.export(wb.calls(run_id, episode_id), path)
-        return gr.File(value=str(path), visible=True)
-
-    @shown_errors
     def kinds(run_id):
         return gr.Dropdown(choices=[_ANY, *(wb.error_kinds(run_id) if run_id else [])], value=_ANY)
 
@@ -146,7 +153,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
     for control in (episode, roles, token_view):
         control.change(show, [run, episode, roles, token_view], [view, group])
     group.select(pick, group, episode)
-    export.click(export_episode, [run, episode], download)
+    export.click(shown_errors(lambda run_id, episode_id: exported(wb, run_id, episode_id)), [run, episode], download)
 
     def runs_with_episodes(current, request: gr.Request):
         # `?run=NAME` in the page's address opens that run first: a link to a run can be shared

@@ -19,7 +19,7 @@ from apps.common import shown_errors
 from envace.config import toml_literal
 from envace.errors import UsageError
 from workbench import RunHandle, Workbench
-from workbench.launch import KINDS, config_fields, launch_resolved, resolve, table_of
+from workbench.launch import KINDS, config_fields, launch_resolved, resolve
 
 PER_ROW = 3  # fields side by side in the form
 
@@ -35,21 +35,33 @@ def _read(row: dict, value: Any) -> Any:
     return None if value == "" else value
 
 
-def _widget(row: dict, changed: bool) -> gr.components.Component:
-    """The field's widget from its type (`workbench.launch.widget_of`), its help under it, its default beside
-    the help; a value that is not the default is marked ● in the label."""
-    label = ("● " if changed else "") + row["field"].rpartition(".")[2]
-    info = (row["help"] + f" (default: {json.dumps(row['default'])})").strip()
-    kw = {"label": label, "info": info, "interactive": True, "scale": 1, "min_width": 240,
-          "elem_id": "launch-field-" + row["field"].replace(".", "-"), "elem_classes": ["changed"] if changed else None}
+def _label(row: dict) -> str:
+    """The field's name, marked ● when its value is not the default."""
+    return ("● " if row["value"] != row["default"] else "") + row["field"].rpartition(".")[2]
+
+
+def _shown(row: dict) -> Any:
+    """The field's value as its widget holds it (a text widget: the TOML literal, empty for unset)."""
     value = row["value"]
     if row["widget"] == "checkbox":
-        return gr.Checkbox(value=bool(value), **kw)
+        return bool(value)
+    if row["widget"] in ("dropdown", "suggest", "integer", "number"):
+        return value
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+def _widget(row: dict, job: str) -> gr.components.Component:
+    """The field's widget from its type (`workbench.launch.widget_of`), its help and default under its name."""
+    info = (row["help"] + f" (default: {json.dumps(row['default'])})").strip()
+    kw = {"label": _label(row), "info": info, "value": _shown(row), "interactive": True, "scale": 1,
+          "min_width": 240, "elem_id": f"launch-{job}-" + row["field"].replace(".", "-")}
+    if row["widget"] == "checkbox":
+        return gr.Checkbox(**kw)
     if row["widget"] in ("dropdown", "suggest"):
-        return gr.Dropdown(choices=row["choices"], value=value, allow_custom_value=row["widget"] == "suggest", **kw)
+        return gr.Dropdown(choices=row["choices"], allow_custom_value=row["widget"] == "suggest", **kw)
     if row["widget"] in ("integer", "number"):
-        return gr.Number(value=value, precision=0 if row["widget"] == "integer" else None, **kw)
-    return gr.Textbox(value="" if value is None else value if isinstance(value, str) else json.dumps(value), **kw)
+        return gr.Number(precision=0 if row["widget"] == "integer" else None, **kw)
+    return gr.Textbox(**kw)
 
 
 def changes(rows: list[dict], values: dict, kind: str) -> str:
@@ -60,6 +72,44 @@ def changes(rows: list[dict], values: dict, kind: str) -> str:
            for r in rows if (f := r["field"]) in values and (v := values[f]) is not None and v != r["default"]]
     return (f"**{len(out)} field(s) changed from the `{kind}` defaults:** " + " · ".join(out)) if out else \
         f"Every field at its `{kind}` default."
+
+
+def typed_forms(values: gr.State) -> dict[str, tuple[gr.Column, dict[str, gr.components.Component]]]:
+    """A form per config table (`train`; `rollout` for rollout, eval and sweep), built once, the one of the job
+    picked shown: one folded group per TOML table (the job's own open), rows of `PER_ROW` typed widgets; each
+    edit lands in `values`. Built up front rather than drawn per config: a form drawn while other events run
+    races Gradio's session bookkeeping ("dictionary changed size during iteration")."""
+    forms = {}
+    for job in ("train", "rollout"):
+        rows, widgets = config_fields(None, job), {}
+        with gr.Column(visible=job == "train") as column:
+            for table in dict.fromkeys(r["table"] for r in rows):
+                group = [r for r in rows if r["table"] == table]
+                with gr.Accordion(f"[{table}] · {len(group)} fields", open=table == job,
+                                  elem_classes=["launch-table"]):
+                    for at in range(0, len(group), PER_ROW):  # rows of equal columns: every help text readable
+                        with gr.Row(equal_height=False):
+                            for row in group[at:at + PER_ROW]:
+                                widgets[row["field"]] = widget = _widget(row, job)
+                                # an edit, or a config filling in a value other than the one shown (its
+                                # value then: what `fill` put in `values` already)
+                                widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
+                                              [widget, values], values)
+                            for _ in range(PER_ROW - len(group[at:at + PER_ROW])):
+                                gr.HTML("")  # the last row's columns as wide as the others
+        forms[job] = (column, widgets)
+    return forms
+
+
+def checked(kind: str, rows: list[dict], now: dict) -> tuple:
+    """The resolved config, what it changes, and whether it can start: the button waits for a config that checks
+    out."""
+    try:
+        cfg = resolve(kind, now)
+    except UsageError as exc:
+        return "", changes(rows, now, kind), f"⚠️ **not launchable:** {exc}", gr.Button(interactive=False)
+    return (json.dumps(asdict(cfg), indent=2, default=str), changes(rows, now, kind), "✓ the config checks out",
+            gr.Button(interactive=True))
 
 
 def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> None:
@@ -73,21 +123,7 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
     values = gr.State({})  # field -> its value now (the file's, else the default, then the edits here)
     fields = gr.State([])  # the rows `config_fields` gave the form
 
-    @gr.render(inputs=[config, kind])
-    def form(config, kind):
-        """One folded group per TOML table (the job's own table open), one typed widget per field."""
-        rows = config_fields(config, kind) if config and kind in KINDS else []
-        for table in dict.fromkeys(table_of(r["field"], kind) for r in rows):
-            group = [r for r in rows if table_of(r["field"], kind) == table]
-            with gr.Accordion(f"[{table}] · {len(group)} fields", open=table == kind, elem_classes=["launch-table"]):
-                for at in range(0, len(group), PER_ROW):  # rows of equal columns: every help text readable
-                    with gr.Row(equal_height=False):
-                        for row in group[at:at + PER_ROW]:
-                            widget = _widget(row, row["value"] != row["default"])
-                            widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
-                                          [widget, values], values)
-                        for _ in range(PER_ROW - len(group[at:at + PER_ROW])):
-                            gr.HTML("")  # the last row's columns as wide as the others
+    forms = typed_forms(values)
 
     with gr.Accordion("resolved config (what the job will run)", open=False):
         preview = gr.Code(language="json", interactive=False, elem_id="launch-preview")
@@ -103,18 +139,13 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
 
     @shown_errors
     def fill(config, kind):
-        rows = config_fields(config, kind) if config else []
-        return rows, {r["field"]: r["value"] for r in rows}
-
-    def check_form(kind, rows, now):
-        """The resolved config, what it changes, and whether it can start: the button waits for a config that
-        checks out."""
-        try:
-            cfg = resolve(kind, now)
-        except UsageError as exc:
-            return "", changes(rows, now, kind), f"⚠️ **not launchable:** {exc}", gr.Button(interactive=False)
-        return (json.dumps(asdict(cfg), indent=2, default=str), changes(rows, now, kind), "✓ the config checks out",
-                gr.Button(interactive=True))
+        """The job's form shown and filled from the config file (its values, marked where not the default)."""
+        rows = config_fields(config, kind)
+        table = "train" if kind == "train" else "rollout"
+        filled = {r["field"]: gr.update(value=_shown(r), label=_label(r)) for r in rows}
+        return (rows, {r["field"]: r["value"] for r in rows},
+                *(gr.Column(visible=job == table) for job in forms),
+                *(filled.get(f, gr.skip()) if job == table else gr.skip() for job in forms for f in forms[job][1]))
 
     @shown_errors
     def start_job(config, kind, name, now):
@@ -137,8 +168,9 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
             threading.Thread(target=handle.stop, daemon=True).start()
         return follow(run_id)
 
-    gr.on([app.load, config.change, kind.change], fill, [config, kind], [fields, values])
-    values.change(check_form, [kind, fields, values], [preview, changed, check, start])
+    gr.on([app.load, config.change, kind.change], fill, [config, kind],
+          [fields, values, *(forms[job][0] for job in forms), *(w for job in forms for w in forms[job][1].values())])
+    values.change(checked, [kind, fields, values], [preview, changed, check, start])
     start.click(start_job, [config, kind, name, values], [job, fast])
     stop.click(stop_job, job, [status, log, fast])
     gr.on([job.change, timer.tick, fast.tick], follow, job, [status, log, fast])

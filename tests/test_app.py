@@ -221,10 +221,10 @@ def edit_launch_form(browser, url: str):
     # one folded group per TOML table, the job's own open; widgets by type, a changed value marked
     groups = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".launch-table button.label-wrap")]
     assert any(g.startswith("[train] ·") for g in groups) and any(g.startswith("[train.rollout] ·") for g in groups)
-    assert browser.find_elements(By.CSS_SELECTOR, "#launch-field-lora input[type=checkbox]")
-    assert browser.find_elements(By.CSS_SELECTOR, "#launch-field-algorithm input")  # a dropdown of its choices
-    assert "● grpo_steps" in browser.find_element(By.ID, "launch-field-grpo_steps").text  # the file sets 2
-    lr = browser.find_element(By.CSS_SELECTOR, "#launch-field-lr input")
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-lora input[type=checkbox]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-algorithm input")  # a dropdown of its choices
+    assert "● grpo_steps" in browser.find_element(By.ID, "launch-train-grpo_steps").text  # the file sets 2
+    lr = browser.find_element(By.CSS_SELECTOR, "#launch-train-lr input")
     lr.send_keys(Keys.CONTROL, "a")
     lr.send_keys("-1", Keys.TAB)
     check = (By.ID, "launch-check")

@@ -91,8 +91,8 @@ def check_args(kind: str, args: tuple[str, ...] | list[str]) -> None:
 
 def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     """Every field of the job's config, nested ones dotted (`rehearser.fewshot`), with the value the file sets
-    (else the default), the default, the choices, the help text and the widget its type asks for (`widget_of`):
-    a form to edit before launching."""
+    (else the default), the default, the choices, the help text, the widget its type asks for (`widget_of`) and
+    the TOML table it lives in (`table_of`): a form to edit before launching."""
     cls, table = _job_config(kind)
     data = load_toml(config).get(table, {}) if config else {}
     # the trainer sets these rollout fields itself and refuses them from a file: the form leaves them out
@@ -102,6 +102,7 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     from envace.envs import registry
 
     for row in rows:  # the environments this job can name: the built-ins and every installed plugin
+        row["table"] = table_of(row["field"], kind)
         if row["field"] in ("env", "rollout.env"):
             row["choices"], row["widget"] = registry.names(), "suggest"  # or a package.module:factory spec
     return rows

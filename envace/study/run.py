@@ -93,7 +93,8 @@ def study_job(path: str | Path, root: str | Path = "runs", name: str | None = No
     stages = Stages(root, name, 2 * len(design.floor_sizes) + len(design.seeds) * per_seed + len(design.swept),
                     reporter)
     # the stage runs it will hold: the first seed's SFT and evaluation are the floor's own, when there is a floor
-    run.update(summary={"stages": stages.total - (2 if design.floor_sizes else 0)})
+    held = stages.total - (2 if design.floor_sizes else 0)
+    run.update(summary={"stages": held})
     saved = run.path / "pools.json"  # each seed's pool, once chosen: a re-run trains on the same units
     pools: dict[int, dict[str, Any]] = {int(k): v for k, v in json.loads(saved.read_text()).items()} \
         if saved.exists() else {}
@@ -107,8 +108,7 @@ def study_job(path: str | Path, root: str | Path = "runs", name: str | None = No
                         stages.checkpoint("envace", s)},
                     design.private_modes, design.private_budgets, study.evaluation, root, reporter))
         out = write_report(study, stages, pools, floor, run.path)
-    run.update(status="completed", summary={"report": str(out), "stages": stages.total - (2 if design.floor_sizes
-                                                                                           else 0)})
+    run.update(status="completed", summary={"report": str(out), "stages": held})
     reporter.say(f"report: {out}")
     return run, out
 

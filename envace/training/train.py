@@ -254,10 +254,9 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
         say(f"  SFT goes on after step {done}/{total} (sft_state.pt)")
     model.train()
     for epoch, chunks in enumerate(epochs):
-        losses = []
+        first = step  # this epoch's losses are history[first:]
         for chunk in chunks:
-            if step < done:  # taken before the kill: its loss is kept, its update is in the weights
-                losses.append(history[step])
+            if step < done:  # taken before the kill: its loss is in history, its update in the weights
                 step += 1
                 continue
             batch = [rows[j] for pk in procs.share(chunk) for j in pk]
@@ -270,14 +269,14 @@ def _sft(cfg: TrainConfig, model, rows: list[Row], pad: int, procs: Processes,
             if procs.sum_gradients(params, stats["finite"]):
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
-            losses.append(procs.total(stats["loss"] * len(batch)) / sum(len(pk) for pk in chunk))
+            history.append(procs.total(stats["loss"] * len(batch)) / sum(len(pk) for pk in chunk))
             if procs.main:
-                log(step, {"nll": losses[-1], "tokens": stats["tokens"], "epoch": epoch})
+                log(step, {"nll": history[-1], "tokens": stats["tokens"], "epoch": epoch})
             step += 1
-            history.append(losses[-1])
             if place:
                 place.save(step, model, optimizer, history)
-            say(f"  SFT step {step}/{total}: NLL {losses[-1]:.3f}; {_eta(started, step - done, total - done)}")
+            say(f"  SFT step {step}/{total}: NLL {history[-1]:.3f}; {_eta(started, step - done, total - done)}")
+        losses = history[first:step]
         nll[f"sft_nll_epoch_{epoch + 1}"] = round(sum(losses) / len(losses), 4)
         say(f"  epoch {epoch + 1}: mean completion NLL {nll[f'sft_nll_epoch_{epoch + 1}']:.3f}")
     return nll
