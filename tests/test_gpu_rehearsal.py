@@ -249,6 +249,26 @@ def test_the_device_check_runs_without_trl_and_datasets(transformers):
     assert not any("FAILED" in value for value in rows.values()), table
 
 
+def test_the_tree_vs_row_verdict_is_relative_to_the_row_paths_own_bf16_error():
+    """A tree as far from fp32 as the row path passes even where both are far (bf16 on a huge vocabulary); a
+    tree twice as far on average, or with gradients pointing elsewhere, fails, and the row says by how much."""
+    gpu_check = _script(GPU_CHECK)
+    gen = torch.Generator().manual_seed(0)
+    truth = (torch.randn(4000, generator=gen) - 12, torch.randn(500, generator=gen))
+
+    def off(scale, grad_scale=1e-3):
+        return (truth[0] + scale * torch.randn(4000, generator=gen),
+                truth[1] + grad_scale * torch.randn(500, generator=gen))
+
+    row = off(0.03)
+    ok, text = gpu_check.compare(off(0.03), row, truth)
+    assert ok, text
+    ok, text = gpu_check.compare(off(0.06), row, truth)
+    assert not ok and "row, bf16" in text, text
+    ok, text = gpu_check.compare(off(0.03, grad_scale=1.0), row, truth)
+    assert not ok and "grad cosine" in text, text
+
+
 def test_the_deferred_check_group_defers_its_prompt_and_leaves_key_counts_unaligned():
     """What the tree-vs-row check claims of its group at the GPU's 16,384 tokens: the budget is below the tree,
     the prompt is deferred, and the deferred pack's key count is no multiple of 8."""
