@@ -401,10 +401,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    """`envace study FILE`: every stage not done yet, then the report (`envace/study`)."""
-    from envace.study import study_job
+    """`envace study FILE`: every stage not done yet, then the report (`envace/study`); `--so-far`: the report
+    over the stages completed so far, running nothing."""
+    from envace.study import report_so_far, study_job
 
     console = _console()
+    if args.so_far:
+        report = report_so_far(args.config, runs_root(args.root), args.name)
+        console.print(report.read_text(), markup=False, soft_wrap=True)
+        console.print(f"written: {report}", markup=False, soft_wrap=True)
+        return 0
     run, report = study_job(args.config, runs_root(args.root), args.name, _LiveReporter(console))
     console.print(report.read_text(), markup=False, soft_wrap=True)
     console.print(f"next: envace app{_root_hint(args)}  (the study's runs: {run.run_id}-*)", markup=False)
@@ -932,6 +938,8 @@ def _train_commands(sub: Any) -> None:
                                                 "turn, the world model, private rehearsal, one report"))
     p.add_argument("config", help="TOML file with [study], [rollout] (the evaluation) and [train] (the recipe)")
     p.add_argument("--name", default=None, help="the study's run and its stages' prefix (default: the file's name)")
+    p.add_argument("--so-far", action="store_true", help="run nothing: write report-so-far.md from the stages "
+                   "completed so far (while the study runs, too)")
     p.set_defaults(func=cmd_study)
 
 

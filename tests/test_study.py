@@ -99,6 +99,15 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     done = sum(_status(root, p.name) == "completed" for p in root.iterdir() if re.fullmatch(r"tiny-.+-s\d+", p.name))
     assert f"{done} of {json.loads((root / 'tiny' / 'run.json').read_text())['summary']['stages']} stages" in shown
     assert "tiny-envace-s0" in shown and "no report yet" in shown
+    runs_before = sorted(p.name for p in root.iterdir())
+    study_before = (root / "tiny" / "run.json").read_text()
+    assert main(["study", str(config), "--root", str(root), "--so-far"]) == 0  # the tables so far, running nothing
+    so_far = (root / "tiny" / "report-so-far.md").read_text()
+    assert f"**So far: {done} of " in so_far and "The base off the floor" in so_far and "| 2 | 3 |" in so_far
+    assert "seed 0: GRPO on" in so_far and "(no completed pair of stages yet)" in so_far  # no arm evaluated yet
+    assert sorted(p.name for p in root.iterdir()) == runs_before
+    assert (root / "tiny" / "run.json").read_text() == study_before and not (root / "tiny" / "report.md").exists()
+    capsys.readouterr()
 
     assert main(["study", str(config), "--root", str(root)]) == 0
     out = capsys.readouterr().out
@@ -140,11 +149,15 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     assert main(["study", str(config), "--root", str(root)]) == 0
     assert capsys.readouterr().out.count("done already, kept") == 37  # every stage, none redone
 
-    # the same name with another design is another study: refused before anything runs
+    # the same name with another design is another study: refused before anything runs, or is reported
     config.write_text(STUDY.replace("pool_max = 2", "pool_max = 1"))
-    assert main(["study", str(config), "--root", str(root)]) == 2
+    for extra in ([], ["--so-far"]):
+        assert main(["study", str(config), "--root", str(root), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not this study" in err[0]
+    assert main(["study", str(config), "--root", str(tmp_path / "empty"), "--so-far"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is not this study" in err[0]
+    assert len(err) == 1 and "no study 'tiny'" in err[0]
 
 
 @pytest.mark.parametrize("change, message", [

@@ -15,8 +15,9 @@
                  task, p-values Holm-adjusted over each table's family (`report.py`)
 
     envace study experiments/study_cpu.toml          # a re-run goes on where the last one stopped
+    envace study experiments/study_cpu.toml --so-far # the tables over the stages completed so far
 """
 
-from envace.study.run import study_job
+from envace.study.run import report_so_far, study_job
 
-__all__ = ["study_job"]
+__all__ = ["report_so_far", "study_job"]

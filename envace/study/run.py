@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -80,6 +81,17 @@ def screen_config(study: Study, model: str, seed: int) -> RolloutConfig:
                    private=PrivateOptions(), real_fraction=0.0, shadow_fraction=0.0, frozen_rehearser=False)
 
 
+def _sizes(design) -> tuple[int, int]:
+    """(the stages the study steps through, the distinct stage runs it holds): the first seed's SFT and evaluation
+    are the floor's own, when there is a floor."""
+    total = 2 * len(design.floor_sizes) + len(design.seeds) * (4 + 4 * len(design.arms)) + len(design.swept)
+    return total, total - (2 if design.floor_sizes else 0)
+
+
+def _saved_pools(saved: Path) -> dict[int, dict[str, Any]]:
+    return {int(k): v for k, v in json.loads(saved.read_text()).items()} if saved.exists() else {}
+
+
 def study_job(path: str | Path, root: str | Path = "runs", name: str | None = None,
               reporter: Reporter | None = None) -> tuple[Run, Path]:
     """Run (or go on with) the study in `path` under `root`; returns its run and the report's path."""
@@ -87,17 +99,12 @@ def study_job(path: str | Path, root: str | Path = "runs", name: str | None = No
     study, root = Study.load(path), Path(root)
     name = check_run_id(name or Path(path).stem)
     design = study.design
-    config = {"study": asdict(design), "rollout": asdict(study.evaluation), "train": asdict(study.recipe)}
-    run = _study_run(root, name, config)
-    per_seed = 4 + 4 * len(design.arms)
-    stages = Stages(root, name, 2 * len(design.floor_sizes) + len(design.seeds) * per_seed + len(design.swept),
-                    reporter)
-    # the stage runs it will hold: the first seed's SFT and evaluation are the floor's own, when there is a floor
-    held = stages.total - (2 if design.floor_sizes else 0)
+    run = _study_run(root, name, _config(study))
+    total, held = _sizes(design)
+    stages = Stages(root, name, total, reporter)
     run.update(summary={"stages": held})
     saved = run.path / "pools.json"  # each seed's pool, once chosen: a re-run trains on the same units
-    pools: dict[int, dict[str, Any]] = {int(k): v for k, v in json.loads(saved.read_text()).items()} \
-        if saved.exists() else {}
+    pools = _saved_pools(saved)
     with run.running():
         floor = _floor(study, stages)
         for seed in design.seeds:
@@ -113,13 +120,50 @@ def study_job(path: str | Path, root: str | Path = "runs", name: str | None = No
     return run, out
 
 
+def report_so_far(path: str | Path, root: str | Path = "runs", name: str | None = None) -> Path:
+    """`envace study FILE --so-far`: the report's tables over the stages completed so far, in `report-so-far.md`
+    (and `figure-so-far.html`) beside the final report's place. It runs nothing and writes nothing else, so it can
+    be read while the study runs; a seed whose pool the study has not saved yet gets it from its screen, as the
+    study will."""
+    study, root = Study.load(path), Path(root)
+    name = check_run_id(name or Path(path).stem)
+    if not (root / name / "run.json").exists():
+        raise UsageError(f"no study '{name}' in {root}: `envace study {path}` starts it")
+    if not _same_study(root, name, _config(study)):
+        raise UsageError(f"run '{name}' in {root} is not this study (another design or kind): pick another --name")
+    design, stages = study.design, Stages(root, name, 0, Reporter())
+    floor = _floor_so_far(study, stages)
+    if floor["chosen"] is None:
+        raise UsageError(f"study '{name}': no SFT size has been evaluated yet, so there is nothing to report")
+    pools, stage = _saved_pools(root / name / "pools.json"), sft_stage(floor["chosen"])
+    for seed in design.seeds:
+        screen = stages.run(f"screen-{stage}", seed)
+        if seed not in pools and stages.completed(screen):
+            units, spread = spread_units(connect(root), screen, design.pool_max)
+            pools[seed] = {"units": units, "spread": spread,
+                           "tasks": _pool_tasks(study, stages.checkpoint(stage, seed))}
+    staged = re.compile(re.escape(name) + r"-.+-s\d+")  # as `envace show` counts: not a sweep's cells
+    done = sum(stages.completed(p.name) for p in root.iterdir() if staged.fullmatch(p.name))
+    return write_report(study, stages, pools, floor, root / name, so_far=f"{done} of {_sizes(design)[1]}")
+
+
+def _config(study: Study) -> dict[str, Any]:
+    """What the study's run stores as its design."""
+    return {"study": asdict(study.design), "rollout": asdict(study.evaluation), "train": asdict(study.recipe)}
+
+
+def _same_study(root: Path, name: str, config: dict[str, Any]) -> bool:
+    """Whether the run `name` is a study of this design (save for fields added since it was stored)."""
+    stored = get_run(root, name)
+    return stored.get("kind") == "study" and extends(stored.get("config"), json.loads(json.dumps(config)))
+
+
 def _study_run(root: Path, name: str, config: dict[str, Any]) -> Run:
     """The study's own run, created, or reopened by a re-run of the same design (another design under the same
     name would mix two studies' stages: refused)."""
     if not (root / name / "run.json").exists():
         return Run.create(root, "study", config, config["train"]["model"], name)
-    stored = get_run(root, name)
-    if stored.get("kind") != "study" or not extends(stored.get("config"), json.loads(json.dumps(config))):
+    if not _same_study(root, name, config):
         raise UsageError(f"run '{name}' in {root} is not this study (another design or kind): pick another --name")
     run = Run(root, name)
     run.update(status="running", pid=os.getpid())
@@ -133,8 +177,8 @@ def _floor(study: Study, stages: Stages) -> dict[str, Any]:
     recipe's sft_tasks without floor_sizes), `success` each size's share of test turns succeeded."""
     design, root = study.design, stages.root
     if not design.floor_sizes:
-        return {"chosen": study.recipe.sft_tasks, "success": {}}
-    seed, success = design.seeds[0], {}
+        return _floor_so_far(study, stages)
+    seed = design.seeds[0]
     for n in sorted(design.floor_sizes):
         cfg = study.sft(seed, n)
         stages.once(f"sft-n{n}", seed, lambda r, resume, cfg=cfg: train_job(
@@ -142,12 +186,25 @@ def _floor(study: Study, stages: Stages) -> dict[str, Any]:
         checkpoint = stages.checkpoint(f"sft-n{n}", seed)
         stages.once(f"eval-sft-n{n}", seed, lambda r, _, c=checkpoint: eval_job(c, study.evaluation, root, r,
                                                                                  stages.reporter))
-        success[n] = float(get_run(root, stages.run(f"eval-sft-n{n}", seed))["summary"]["success_rate"])
+    floor = _floor_so_far(study, stages)
+    reached = floor["success"][floor["chosen"]] >= design.floor_target
+    stages.reporter.say(f"SFT size: {floor['chosen']} train tasks (" + (
+        f"the smallest with success ≥ {design.floor_target:.0%}" if reached
+        else f"none reached {design.floor_target:.0%}: the largest") + ")")
+    return floor
+
+
+def _floor_so_far(study: Study, stages: Stages) -> dict[str, Any]:
+    """`_floor`'s result from the floor's evaluations completed so far (all of them, once `_floor` has run);
+    `chosen` is None while none has completed."""
+    design = study.design
+    if not design.floor_sizes:
+        return {"chosen": study.recipe.sft_tasks, "success": {}}
+    runs = {n: stages.run(f"eval-sft-n{n}", design.seeds[0]) for n in sorted(design.floor_sizes)}
+    success = {n: float(get_run(stages.root, run)["summary"]["success_rate"]) for n, run in runs.items()
+               if stages.completed(run)}
     reached = [n for n, rate in success.items() if rate >= design.floor_target]
-    chosen = min(reached) if reached else max(success)
-    stages.reporter.say(f"SFT size: {chosen} train tasks (" + (f"the smallest with success ≥ {design.floor_target:.0%}"
-                        if reached else f"none reached {design.floor_target:.0%}: the largest") + ")")
-    return {"chosen": chosen, "success": success}
+    return {"chosen": min(reached) if reached else max(success, default=None), "success": success}
 
 
 def sft_stage(tasks: int) -> str:
@@ -208,8 +265,10 @@ def _random(study: Study, stages: Stages, name: str, seed: int, sft_tasks: int) 
     run.update(status="completed", summary=summary)
 
 
-def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any], folder: Path) -> Path:
-    """report.md (and figure.html) in the study's folder from what the stages stored."""
+def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any], folder: Path,
+                 so_far: str | None = None) -> Path:
+    """report.md (and figure.html) in the study's folder from what the stages stored; with `so_far` ("k of N"
+    stages completed), report-so-far.md and figure-so-far.html, saying so at the top."""
     design = study.design
     tables = Tables(connect(stages.root), lambda stage, s: stages.run(stage, s), stages.completed,
                            design.seeds, design.arms, design.swept, design.private_modes, design.private_budgets,
@@ -222,7 +281,13 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
         "Private rehearsal: N imagined attempts against none": tables.private(),
     }
     lines = [f"# Study {stages.name}", "", f"Seeds {design.seeds}; arms {', '.join(design.arms)}. Every row pairs "
-             "A and B item by item and pools the seeds; intervals resample tasks.", ""]
+             "A and B item by item and pools the seeds; intervals resample tasks. A and B are mean checklist "
+             "scores (the share of a turn's checks passed; 1 is success), save in the world-model table, whose "
+             "metric column names its score; McNemar counts the items scored (> 0) on one side only.", ""]
+    if so_far:
+        lines[2:2] = [f"**So far: {so_far} stages completed.** Stages not completed are left out of every table "
+                      "(a seed is in a row once both of that row's stages are done); the study's own report.md "
+                      "replaces this one.", ""]
     for seed, pool in sorted(pools.items(), key=lambda kv: int(kv[0])):
         lines.append(f"- seed {seed}: GRPO on {len(pool['units'])} units of {len(pool['tasks'])} train tasks SFT "
                      f"never saw ({pool['spread']} of the screen's units had rewards that differ)")
@@ -240,9 +305,10 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
         lines += ["", f"## {title}", ""]
         lines += [compare.markdown(frame), "", caption] if rows else ["(no completed pair of stages yet)"]
         shown[title] = frame
-    out = folder / "report.md"
+    suffix = "-so-far" if so_far else ""
+    out = folder / f"report{suffix}.md"
     out.write_text("\n".join(lines) + "\n")
     figure({"test turns vs SFT": shown[next(iter(sections))],
                    "world model vs SFT": shown["World model on the test gold calls: each arm against SFT"]},
-                  folder / "figure.html")
+                  folder / f"figure{suffix}.html")
     return out
