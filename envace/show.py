@@ -180,7 +180,8 @@ def _study(con, meta: dict[str, Any]):
     for run_id, kind, status, created, updated in stages:
         table.add_row(run_id, str(kind), str(status), time.strftime("%m-%d %H:%M", time.localtime(created or 0)),
                       f"{((updated or 0) - (created or 0)) / 60:.1f}")
-    return Group(table, Text("`envace study FILE` again goes on where it stopped (completed stages are kept)"))
+    return Group(table, Text("`envace study FILE` again goes on where it stopped (completed stages are kept); "
+                             "`envace study FILE --so-far` writes the tables over the stages completed so far"))
 
 
 def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
