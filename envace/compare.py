@@ -46,17 +46,24 @@ def row(label: dict, frames: list[pd.DataFrame]) -> dict:
             "_hi": out["hi"]}
 
 
+def holm_columns(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, int]:
+    """`frame` with a `Holm <column>` beside each of `columns`, every p-value of those columns adjusted together as
+    one family (NaN: no test, outside the family); and the family's size."""
+    frame = frame.copy()
+    ps = frame[columns].to_numpy(float)
+    adjusted = np.array(holm(ps.ravel()), dtype=float).reshape(ps.shape)
+    for k, column in enumerate(columns):
+        frame.insert(frame.columns.get_loc(column) + 1, f"Holm {column}", adjusted[:, k])
+    return frame, int((~np.isnan(ps)).sum())
+
+
 def with_holm(rows: list[dict]) -> tuple[pd.DataFrame, str]:
     """The rows as a table, a `Holm …` column beside each p-value column (all of them one family), and the
     caption naming the family."""
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame, ""
-    ps = frame[list(P_COLUMNS)].to_numpy(float)
-    adjusted = np.array(holm(ps.ravel()), dtype=float).reshape(ps.shape)
-    for k, column in enumerate(P_COLUMNS):
-        frame.insert(frame.columns.get_loc(column) + 1, f"Holm {column}", adjusted[:, k])
-    n = int((~np.isnan(ps)).sum())
+    frame, n = holm_columns(frame, list(P_COLUMNS))
     return frame, (f"Holm: adjusted over the family of this table's {n} tests ({len(frame)} comparison"
                    f"{'s' * (len(frame) != 1)} × McNemar on scored and the sign-flip permutation test by task); a "
                    "finding is Holm p ≤ 0.05.")

@@ -27,10 +27,10 @@ import sys
 import numpy as np
 import pandas as pd
 
-from envace.compare import episode_pairs, markdown
+from envace.compare import episode_pairs, holm_columns, markdown
 from envace.errors import UsageError
 from envace.stats import cluster_bootstrap as bootstrap
-from envace.stats import holm, paired_outcomes, sign_test
+from envace.stats import paired_outcomes, sign_test
 from envace.store import connect
 from envace.units import whole_uid
 from workbench import Workbench
@@ -52,26 +52,14 @@ def slope(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, float]:
     return b, b - t * se, b + t * se
 
 
-def holm_columns(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
-    """`frame` with a `Holm <column>` beside each p-value column of `columns`: every p-value of those columns
-    Holm-adjusted together (NaN: no test, outside the family); and the caption that names the family."""
-    frame = frame.copy()
-    ps = frame[columns].to_numpy(float)
-    adjusted = np.array(holm(ps.ravel()), dtype=float).reshape(ps.shape)
-    for k, column in enumerate(columns):
-        frame.insert(frame.columns.get_loc(column) + 1, f"Holm {column}", adjusted[:, k])
-    n = int((~np.isnan(ps)).sum())
-    return frame, f"Holm: Holm-adjusted over the {n} tests of this table ({'; '.join(columns)})."
-
-
 def print_with_holm(frame: pd.DataFrame, columns: list[str]) -> None:
     """`markdown(frame)`, Holm-adjusted columns beside `columns` (those present), the caption naming the family."""
     columns = [c for c in columns if c in frame]
     if not columns:
         print(markdown(frame))
         return
-    frame, note = holm_columns(frame, columns)
-    print(markdown(frame) + f"\n\n{note}")
+    frame, n = holm_columns(frame, columns)
+    print(markdown(frame) + f"\n\nHolm: Holm-adjusted over the {n} tests of this table ({'; '.join(columns)}).")
 
 
 def training_table(wb: Workbench, run: str) -> pd.DataFrame:
