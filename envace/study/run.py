@@ -289,8 +289,9 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
                       "(a seed is in a row once both of that row's stages are done); the study's own report.md "
                       "replaces this one.", ""]
     for seed, pool in sorted(pools.items(), key=lambda kv: int(kv[0])):
-        lines.append(f"- seed {seed}: GRPO on {len(pool['units'])} units of {len(pool['tasks'])} train tasks SFT "
-                     f"never saw ({pool['spread']} of the screen's units had rewards that differ)")
+        units = len(pool["units"])
+        lines.append(f"- seed {seed}: GRPO on {units} unit{'s' * (units != 1)} of {len(pool['tasks'])} train tasks "
+                     f"SFT never saw ({pool['spread']} of the screen's units had rewards that differ)")
     if floor["success"]:
         lines += ["", "## The base off the floor: test-turn success against SFT size (first seed)", "",
                   compare.markdown(floor_table(tables, floor["success"], floor["chosen"])), "",
