@@ -317,7 +317,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Private-rehearsal budget grid × modes × models, one eval run per cell, one table."""
     from rich.table import Table
 
-    from envace.rehearsal import sweep
+    from envace.private import sweep
 
     models, modes, budgets = sweep.parse_grid(args.models.split(","), args.modes, args.budgets)
     base = _rollout_config(args, _SWEEP_FLAGS)
@@ -340,7 +340,7 @@ def _print_against_none(console, table_run, models: dict[str, str], modes: list[
     from rich.table import Table
 
     from envace import compare
-    from envace.rehearsal import sweep
+    from envace.private import sweep
     from envace.store import connect
 
     frame, caption = compare.with_holm(sweep.against_none(connect(table_run.path.parent), [table_run.run_id],
@@ -1074,6 +1074,3 @@ def _main(argv: list[str] | None) -> int:
               "the run is marked interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
