@@ -11,7 +11,7 @@ import socket
 import sys
 from pathlib import Path
 
-from envace.errors import UsageError
+from envace.errors import UsageError, run_main
 from envace.store import list_runs
 
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -120,33 +120,34 @@ def demo_runs(root: str | Path) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
-    from apps.app import serve
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="runs")
     parser.add_argument("--out", default="docs/screenshots")
     args = parser.parse_args(argv)
+    return run_main(lambda: _shoot_demo(args.root, Path(args.out)))
+
+
+def _shoot_demo(root: str, out: Path) -> int:
+    """Every tab on the newest demo result, through an app served on a free port for the purpose."""
+    import tempfile
+
+    from apps.app import serve
+
+    runs = demo_runs(root)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = serve(root, port=port, block=False)
     try:
-        runs = demo_runs(args.root)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        app = serve(args.root, port=port, block=False)
-        try:
-            with tempfile.TemporaryDirectory() as profile:
-                driver = chromium(Path(profile))
-                try:
-                    for path in shoot(driver, f"http://127.0.0.1:{port}/", args.root, runs, Path(args.out)):
-                        print(path)
-                finally:
-                    driver.quit()
-        finally:
-            app.close()
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        with tempfile.TemporaryDirectory() as profile:
+            driver = chromium(Path(profile))
+            try:
+                for path in shoot(driver, f"http://127.0.0.1:{port}/", root, runs, out):
+                    print(path)
+            finally:
+                driver.quit()
+    finally:
+        app.close()
     return 0
 
 

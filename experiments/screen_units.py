@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from envace.errors import UsageError
+from envace.errors import UsageError, run_main
 from envace.study.screen import capped
 from envace.units import whole_uid
 from workbench import Workbench
@@ -45,13 +45,13 @@ def main() -> int:
     parser.add_argument("--root", default="runs")
     parser.add_argument("--max", type=int, default=None, help="keep at most N units, over as many scenarios")
     args = parser.parse_args()
-    try:
-        if args.max is not None and args.max < 1:
-            raise UsageError(f"--max: must be at least 1, got {args.max}")
-        print(json.dumps(spread_units(Workbench(args.root), args.run, args.max)))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _print_units(args))
+
+
+def _print_units(args: argparse.Namespace) -> int:
+    if args.max is not None and args.max < 1:
+        raise UsageError(f"--max: must be at least 1, got {args.max}")
+    print(json.dumps(spread_units(Workbench(args.root), args.run, args.max)))
     return 0
 
 

@@ -28,7 +28,7 @@ from plotly.subplots import make_subplots
 
 from envace import world_model
 from envace.envs import registry
-from envace.errors import UsageError
+from envace.errors import UsageError, run_main
 from envace.stats import cluster_bootstrap, holm, sign_test
 from envace.units import whole_uid
 from workbench import Workbench
@@ -230,18 +230,18 @@ def main() -> int:
     parser.add_argument("--best", action="store_true", help="print the best trained arm's run name and stop")
     parser.add_argument("--plot", metavar="OUT.html", help="also save the Δ tables as a figure")
     args = parser.parse_args()
+    return run_main(lambda: _report(args))
+
+
+def _report(args: argparse.Namespace) -> int:
     wb = Workbench(args.root)
     completed = wb.runs().query("status == 'completed'")
     present = set(completed["run_id"])
-    try:
-        if args.best:
-            print(best_arm(wb, args.tag, args.seed, args.arms, present))
-            return 0
-        world_model_tables(wb, args.tag, args.seeds, args.arms, present, args.plot)
-        private_tables(wb, args.tag, set(completed.query("kind == 'sweep'")["run_id"]))
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.best:
+        print(best_arm(wb, args.tag, args.seed, args.arms, present))
+        return 0
+    world_model_tables(wb, args.tag, args.seeds, args.arms, present, args.plot)
+    private_tables(wb, args.tag, set(completed.query("kind == 'sweep'")["run_id"]))
     return 0
 
 

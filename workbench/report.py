@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from envace.errors import UsageError
+from envace.errors import UsageError, run_main
 from workbench.core import Workbench
 from workbench.figures import budget_curves, fidelity_bars, training_curves
 
@@ -23,22 +23,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default="runs")
     parser.add_argument("--metric", default="checklist", help="sweep: success_rate | checklist | well_formed_rate")
     args = parser.parse_args(argv)
-    try:
-        wb = Workbench(args.root)
-        if args.kind == "sweep":
-            frame = wb.sweep(args.run)
-            fig = budget_curves(frame, args.metric)
-        elif args.kind == "training":
-            frame = wb.training(args.run)
-            fig = training_curves(frame)
-        else:
-            frame = wb.fidelity_by_tool(args.run)
-            fig = fidelity_bars(frame)
-        if frame.empty:
-            raise UsageError(f"nothing stored for {args.kind} '{args.run}' under {args.root}")
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_main(lambda: _save(args))
+
+
+def _save(args: argparse.Namespace) -> int:
+    wb = Workbench(args.root)
+    if args.kind == "sweep":
+        frame = wb.sweep(args.run)
+        fig = budget_curves(frame, args.metric)
+    elif args.kind == "training":
+        frame = wb.training(args.run)
+        fig = training_curves(frame)
+    else:
+        frame = wb.fidelity_by_tool(args.run)
+        fig = fidelity_bars(frame)
+    if frame.empty:
+        raise UsageError(f"nothing stored for {args.kind} '{args.run}' under {args.root}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(args.out, include_plotlyjs="cdn")
     print(f"wrote {args.out}")
