@@ -18,19 +18,21 @@ For every task of a category (both splits), on a fresh environment each time:
 calls the environment rejects, flagged results the error rule misses, and a negative control that fell on none
 of the tasks that have one (the score does not depend on the calls). Tasks the benchmark lists in
 `known_defects` (its data contradicts itself) are reported with their reason instead, and a listed task whose
-gold passes is a problem: the list is kept true.
+gold passes is a problem: the list is kept true. `check_benchmark` runs every category in turn and adds them up.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 from envace.envs.base import Environment, Steps
 from envace.envs.benchmark import Benchmark
+from envace.errors import UsageError
 from envace.types import Split, Task, ToolCall, ToolResult
 
 
@@ -211,3 +213,59 @@ def problems(checked: CategoryCheck, known: Mapping[str, str] | None = None, sho
         out.append(f"{c}: negative control did not fall on any of {len(held)} task(s): dropping the last "
                    f"state-changing call never changes the score ({', '.join(held)})")
     return out
+
+
+@dataclass
+class BenchmarkCheck:
+    """A benchmark's categories, checked one after the other as `envace check-env` runs them, and their sums."""
+
+    benchmark: Benchmark
+    gold: dict[str, bool]  # the categories to check, each with whether it keeps gold answers to replay
+    workers: int | None = None
+    checked: list[CategoryCheck] = field(default_factory=list)
+
+    def run(self, replaying: Callable[[str], AbstractContextManager] = lambda category: nullcontext()
+            ) -> Iterator[tuple[str, CategoryCheck | None]]:
+        """Each category as soon as it is checked (None: it has no gold), inside `replaying(category)` meanwhile."""
+        for category, has in self.gold.items():
+            if not has:
+                yield category, None
+                continue
+            with replaying(category):
+                checked = check_category(self.benchmark, category, self.workers)
+            self.checked.append(checked)
+            yield category, checked
+
+    @property
+    def passed(self) -> int:
+        return sum(len(c.tasks) - len(c.failures) for c in self.checked)
+
+    @property
+    def total(self) -> int:
+        return sum(len(c.tasks) for c in self.checked)
+
+    @property
+    def known(self) -> list[tuple[str, str]]:
+        """(task uid, documented reason) of every failure the benchmark lists as a defect of its data."""
+        return [k for c in self.checked for k in known_failures(c, self.benchmark.known_defects)]
+
+    @property
+    def found(self) -> list[str]:
+        """Every problem of the categories checked so far, one line each (`problems`)."""
+        return [line for c in self.checked for line in problems(c, self.benchmark.known_defects)]
+
+
+def check_benchmark(benchmark: Benchmark, category: str | None = None, workers: int | None = None
+                    ) -> BenchmarkCheck:
+    """The check of every category of `benchmark`, or of `category` alone, ready to `run`: bad input (a category
+    it does not have, or one without gold) fails here, before anything is replayed."""
+    categories = benchmark.categories
+    if category is not None:
+        if category not in categories:
+            raise UsageError(f"category: unknown {benchmark.name} category '{category}' "
+                             f"(choose from {', '.join(categories)})")
+        categories = (category,)
+    gold = {c: has_gold(benchmark, c) for c in categories}
+    if category is not None and not gold[category]:
+        raise UsageError(f"{benchmark.name} {category} has no gold answers to replay")
+    return BenchmarkCheck(benchmark, gold, workers)
