@@ -81,7 +81,7 @@ class RunHandle:
 def check_args(kind: str, args: tuple[str, ...] | list[str]) -> None:
     """Refuse flags the job does not accept, an abbreviated one (`--ro DIR` is not `--root DIR`), and `--root`
     (a launched job writes to the launcher's store): the CLI's own parser decides, so nothing else can drift."""
-    from envace.cli import build_parser
+    from envace.cli.parser import build_parser
 
     placeholder = {"train": ["CONFIG"], "eval": ["MODEL"], "sweep": ["--name", "N"]}.get(kind, [])
     parsed = build_parser().parse_args([kind, *placeholder, *args])  # UsageError on anything it does not know

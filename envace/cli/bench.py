@@ -1,0 +1,131 @@
+"""`envace bench rollout|rehearsal|train|private|store`: performance benchmarks, each with its own flags
+(`envace/bench`, docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from envace.cli.console import new_console
+from envace.cli.flags import with_root
+from envace.cli.programs import run_module
+from envace.config import load_toml
+from envace.errors import UsageError
+from envace.paths import runs_root
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from envace import bench
+
+    run = bench.bench_rollout_vllm if args.backend == "vllm" else bench.bench_rollout
+    run(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, console=new_console())
+    return 0
+
+
+def cmd_rehearsal(args: argparse.Namespace) -> int:
+    from envace import bench
+
+    bench.bench_rehearsal(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                          console=new_console())
+    return 0
+
+
+def cmd_private(args: argparse.Namespace) -> int:
+    from envace import bench
+
+    budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip().isdigit())
+    if not budgets or min(budgets) < 1:
+        raise UsageError(f"--budgets takes comma-separated N >= 1, got '{args.budgets}'")
+    bench.bench_private(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens, budgets=budgets,
+                        console=new_console())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from envace import bench
+
+    if args.backend == "vllm":
+        bench.bench_train_vllm(model=args.model, tasks=args.limit, console=new_console())
+        return 0
+    train = load_toml(args.config).get("train", {}) if args.config else {}
+    for name, least in (("group_size", 1), ("steps", 0), ("sft_tasks", 0), ("limit", 1)):
+        if getattr(args, name) < least:
+            raise UsageError(f"--{name.replace('_', '-')}: must be at least {least}")
+    if not args.steps and not args.sft_tasks:
+        raise UsageError("--steps 0 times no GRPO update: give --sft-tasks K to time an SFT epoch")
+    bench.bench_train(model=args.model, limit=args.limit, group_size=args.group_size, unit=args.unit,
+                      steps=args.steps, from_run=args.from_run, root=str(runs_root(args.root)), train=train,
+                      sft_tasks=args.sft_tasks, trl=args.trl, max_pack_tokens=args.max_pack_tokens,
+                      console=new_console())
+    return 0
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    if args.runs < 1 or args.rows < args.runs:
+        raise UsageError("--runs must be >= 1 and --rows at least --runs")
+    return run_module("workbench.bench", ["--runs", str(args.runs), "--rows", str(args.rows),
+                                          *(["--keep", str(args.keep)] if args.keep else [])])
+
+
+def _model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="model spec (default: default)")
+
+
+def _episodes(p: argparse.ArgumentParser) -> None:
+    """The flags of the benchmarks that play BFCL test episodes in one batch."""
+    _model(p)
+    p.add_argument("--limit", type=int, default=2, help="BFCL test episodes (= batch size) (default: 2)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per generated message (default: 64)")
+
+
+def register(sub) -> None:
+    """bench, and a subcommand per benchmark."""
+    benches = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)").add_subparsers(
+        dest="what", required=True)
+
+    p = benches.add_parser("rollout", help="the engine's tokens/s against raw batched model.generate")
+    _episodes(p)
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                   help="vllm: the engine on a vLLM server against the engine on HF and the server's raw "
+                        "completions (default: hf)")
+    p.set_defaults(func=cmd_rollout)
+
+    p = benches.add_parser("rehearsal", help="rehearse+shadow against real on the same episodes, then rehearsal "
+                                             "and metric throughput")
+    _episodes(p)
+    p.set_defaults(func=cmd_rehearsal)
+
+    p = with_root(benches.add_parser("train", help="one GRPO step's update under row, chain and tree packing, "
+                                                   "side by side"))
+    _model(p)
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                   help="vllm: one GRPO step with HF rollouts, vLLM rollouts + LoRA sync, and vLLM rollouts + full "
+                        "weights, instead (default: hf)")
+    p.add_argument("--limit", type=int, default=2, help="train units a GRPO step plays (default: 2)")
+    p.add_argument("--group-size", type=int, default=8, help="G rollouts per unit (default: 8)")
+    p.add_argument("--unit", default="turn", choices=["turn", "episode"], help="what one rollout covers "
+                   "(default: turn)")
+    p.add_argument("--steps", type=int, default=1, help="GRPO steps played and timed (default: 1; 0: only "
+                   "the SFT epoch of --sft-tasks)")
+    p.add_argument("--from-run", default=None, help="time a stored training run's GRPO steps instead of "
+                   "playing new ones")
+    p.add_argument("--config", default=None, help="a config whose [train] table sets the rollouts (e.g. "
+                   "experiments/bfcl_turns_cpu.toml)")
+    p.add_argument("--sft-tasks", type=int, default=0, help="also time one SFT epoch of these train tasks' "
+                   "reference rows, chain vs tree (default: 0, none)")
+    p.add_argument("--trl", action="store_true", help="also time TRL's GRPOTrainer update on the same rows")
+    p.add_argument("--max-pack-tokens", type=int, default=None, help="the tree's token budget (default: "
+                   "the longest chain sequence)")
+    p.set_defaults(func=cmd_train)
+
+    p = benches.add_parser("private", help="cost per committed turn of private rehearsal at each N, batched and not")
+    _episodes(p)
+    p.add_argument("--budgets", default="1,2", help="imagined attempts N to measure (default: 1,2)")
+    p.set_defaults(func=cmd_private)
+
+    p = benches.add_parser("store", help="the app's queries on a large synthetic store (workbench/bench.py)")
+    p.add_argument("--runs", type=int, default=50, help="runs in the synthetic store (default: 50)")
+    p.add_argument("--rows", type=int, default=1_000_000,
+                   help="pairs in it, and 1.5x as many generations (default: 1000000)")
+    p.add_argument("--keep", type=Path, default=None, help="build it here and keep it (default: a temp dir)")
+    p.set_defaults(func=cmd_store)
