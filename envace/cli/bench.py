@@ -1,5 +1,7 @@
-"""`envace bench rollout|rehearsal|train|private|store`: performance benchmarks, each with its own flags
-(`envace/bench`, docs/benchmarks.md)."""
+"""`envace bench rollout|rehearsal|train|private|store`: performance benchmarks, each with its own flags.
+
+What each one measures and how: `envace/bench`, `workbench/bench.py` and docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from envace.errors import UsageError
 from envace.paths import runs_root
 
 
-def cmd_rollout(args: argparse.Namespace) -> int:
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
     from envace import bench
 
     run = bench.bench_rollout_vllm if args.backend == "vllm" else bench.bench_rollout
@@ -22,7 +24,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_rehearsal(args: argparse.Namespace) -> int:
+def cmd_bench_rehearsal(args: argparse.Namespace) -> int:
     from envace import bench
 
     bench.bench_rehearsal(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
@@ -30,7 +32,7 @@ def cmd_rehearsal(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_private(args: argparse.Namespace) -> int:
+def cmd_bench_private(args: argparse.Namespace) -> int:
     from envace import bench
 
     budgets = tuple(int(b) for b in args.budgets.split(",") if b.strip().isdigit())
@@ -41,7 +43,7 @@ def cmd_private(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_bench_train(args: argparse.Namespace) -> int:
     from envace import bench
 
     if args.backend == "vllm":
@@ -60,7 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_store(args: argparse.Namespace) -> int:
+def cmd_bench_store(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.rows < args.runs:
         raise UsageError("--runs must be >= 1 and --rows at least --runs")
     return run_module("workbench.bench", ["--runs", str(args.runs), "--rows", str(args.rows),
@@ -88,12 +90,12 @@ def register(sub) -> None:
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
                    help="vllm: the engine on a vLLM server against the engine on HF and the server's raw "
                         "completions (default: hf)")
-    p.set_defaults(func=cmd_rollout)
+    p.set_defaults(func=cmd_bench_rollout)
 
     p = benches.add_parser("rehearsal", help="rehearse+shadow against real on the same episodes, then rehearsal "
                                              "and metric throughput")
     _episodes(p)
-    p.set_defaults(func=cmd_rehearsal)
+    p.set_defaults(func=cmd_bench_rehearsal)
 
     p = with_root(benches.add_parser("train", help="one GRPO step's update under row, chain and tree packing, "
                                                    "side by side"))
@@ -116,16 +118,16 @@ def register(sub) -> None:
     p.add_argument("--trl", action="store_true", help="also time TRL's GRPOTrainer update on the same rows")
     p.add_argument("--max-pack-tokens", type=int, default=None, help="the tree's token budget (default: "
                    "the longest chain sequence)")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_bench_train)
 
     p = benches.add_parser("private", help="cost per committed turn of private rehearsal at each N, batched and not")
     _episodes(p)
     p.add_argument("--budgets", default="1,2", help="imagined attempts N to measure (default: 1,2)")
-    p.set_defaults(func=cmd_private)
+    p.set_defaults(func=cmd_bench_private)
 
     p = benches.add_parser("store", help="the app's queries on a large synthetic store (workbench/bench.py)")
     p.add_argument("--runs", type=int, default=50, help="runs in the synthetic store (default: 50)")
     p.add_argument("--rows", type=int, default=1_000_000,
                    help="pairs in it, and 1.5x as many generations (default: 1000000)")
     p.add_argument("--keep", type=Path, default=None, help="build it here and keep it (default: a temp dir)")
-    p.set_defaults(func=cmd_store)
+    p.set_defaults(func=cmd_bench_store)
