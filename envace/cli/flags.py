@@ -1,5 +1,4 @@
-"""Flags several commands share: `--root`, the rollout config's fields (and a `--config` file under them), and
-positive whole numbers."""
+"""Flags several commands share: `--root`, the rollout config's fields over a `--config` file, whole numbers."""
 
 from __future__ import annotations
 
