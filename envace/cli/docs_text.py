@@ -43,7 +43,7 @@ envace world-model reference --env tau2 --category telecom_solo --limit 2   # th
 envace train experiments/smoke.toml   # SFT warm-up then role-wise GRPO (tiny model: about 20 s)
 envace train experiments/smoke.toml --resume RUN   # continue a killed (or finished) run exactly, from its SFT too
 envace train experiments/bfcl_smollm_cpu.toml --set variant=caller_only   # any [train] field, validated
-bash experiments/bfcl_smollm_cpu.sh   # base / SFT / SFT+EnvACE / SFT+caller-only / SFT+real-env (docs/results-earlier.md)
+bash experiments/bfcl_smollm_cpu.sh   # base / SFT / SFT+EnvACE / SFT+caller-only / SFT+real-env (docs/log/results-earlier.md)
 bash experiments/bfcl_turns_cpu.sh   # SFT, a screen, then EnvACE / caller-only / real-env / Dyna / task+fidelity arms
 bash experiments/world_model_study.sh   # the arms on a wider pool, 10 steps, 3 seeds; world model before and after
 envace rollout --config experiments/bfcl_turns_screen.toml --model runs/RUN/checkpoint   # which train turns give signal
@@ -220,9 +220,10 @@ experiments/   TOML configs: smoke (tiny model), demo (what make demo runs), bfc
                recipe; bfcl_turns_screen: its pool's pass-rate screen), bfcl_smollm_cpu (+ .sh: the earlier whole-episode comparison), bfcl_qwen3_1.7b_gpu and
                bfcl_qwen3_8b_gpu (not run), gpu_check.sh (the prepared device check), accelerate_*.yaml
 tests/         fast tests on a tiny in-process model; slow ones on the real default model and real vLLM servers
-docs/          what-runs-today.md, commands.md, layout.md (this page), architecture.md, environments.md (your own
-               environment), benchmarks.md (measured speed, reliability), results.md (research results),
-               results-earlier.md (the runs before the controlled study),
+docs/          what-runs-today.md, commands.md and layout.md (this page; both written by `make docs`),
+               architecture.md, environments.md (your own environment), benchmarks.md (measured speed,
+               reliability), results.md (research results),
+               log/ (results-earlier.md: the runs before the controlled study),
                figures/, screenshots/ (each app tab on a default-model store, saved by the browser test),
                notebooks/ (HTML)
 ```
