@@ -5,7 +5,7 @@
 # A re-run keeps every run that already completed. TAG names the set (default: turns); STEPS overrides the
 # GRPO steps; SEED the seed of the GRPO arms; SFT a checkpoint to start from instead of the SFT stage; ARMS
 # picks arms (default: all five and the control, in this order); SCREEN=0 skips the screen (every step then
-# draws its turns from the whole pool, and most groups are flat: docs/results-earlier.md); the base model's
+# draws its turns from the whole pool, and most groups are flat: docs/log/results-earlier.md); the base model's
 # evaluation comes last. SFT_TASKS widens the pool: SFT on that many train tasks and GRPO on their turns
 # (default: the config's 6); SCREEN_LIMIT is then the number of their turns the screen plays (16 tasks: 53
 # turns); POOL_MAX caps the screened pool, spread over as many scenarios as it can (screen_units.py --max).

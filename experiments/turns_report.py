@@ -1,4 +1,4 @@
-"""The tables of docs/results-earlier.md "Learning you can see", read from the store `bfcl_turns_cpu.sh` wrote.
+"""The tables of docs/log/results-earlier.md "Learning you can see", read from the store `bfcl_turns_cpu.sh` wrote.
 
     .venv/bin/python experiments/turns_report.py [--root runs] [--tag turns] [--seed 0] [--arms envace real_env ...]
         [--screened]   # the arms trained on the screened turns (run names ARM-screened-TAG-sSEED)

@@ -1,4 +1,5 @@
-"""The tables of docs/results-earlier.md "The world model, measured", read from the store `world_model_study.sh` wrote.
+"""The tables of docs/log/results-earlier.md "The world model, measured", read from the store
+`world_model_study.sh` wrote.
 
     .venv/bin/python experiments/world_model_report.py [--root runs] [--tag wm] [--seeds 0 1 2]
         [--arms envace fidelity caller_only real_env control] [--plot OUT.html]

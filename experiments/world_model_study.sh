@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "The world model, measured" (docs/results-earlier.md): does GRPO training change the world model, and does
+# "The world model, measured" (docs/log/results-earlier.md): does GRPO training change the world model, and does
 # task+fidelity change it more? From one SFT checkpoint (16 train tasks), the pool screened (its 53 turns) and
 # capped at POOL_MAX turns spread over its scenarios, the arms EnvACE, the lr = 1e-12 control, task+fidelity,
 # caller-only and real-env, STEPS GRPO steps each, for each seed of SEEDS (experiments/bfcl_turns_cpu.sh: every

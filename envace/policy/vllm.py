@@ -332,7 +332,8 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
     else:
         env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), VLLM_CPU_CI_ENV="1")
         # The server computes while its client waits on HTTP: both cores for it measured 1.6x the tokens/s of
-        # vLLM's default one-core binding here (docs/benchmarks.md); tcmalloc, where installed, as vLLM advises.
+        # vLLM's default one-core binding here (docs/log/benchmarks-2026-12.md); tcmalloc, where installed, as vLLM
+        # advises.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
         if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
             env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)

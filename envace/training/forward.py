@@ -25,7 +25,7 @@ every layer reads it.
 Why a mask over the pack rather than one call per segment (each over its ancestors' keys gathered,
 its own causally): on this CPU the update of a real GRPO step took 75.8 s with the mask and 80.4 s
 per segment, at 3,778 against 5,863 MiB peak resident (measured at commit 3503f5d), since every
-segment's gathered keys are kept for the backward pass (docs/benchmarks.md). Packs are small (the
+segment's gathered keys are kept for the backward pass (docs/log/benchmarks-2026-12.md). Packs are small (the
 budget defers long shared prefixes), so on a CPU the masked-out pairs cost little.
 """
 
