@@ -177,7 +177,7 @@ class RehearserOptions(Config):
 @dataclass
 class PrivateOptions(Config):
     """Test-time private rehearsal: imagined attempts in the rehearsed world, condensed into a memory,
-    before one committed real execution (`envace.rehearsal.private`)."""
+    before one committed real execution (`envace.private.rehearsal`)."""
 
     mode: Literal["none", "parallel", "sequential"] = doc(
         "none | parallel (N independent attempts, one summary) | sequential (attempt k sees the memory of "

@@ -48,7 +48,7 @@ class Reporter:
 
 def _examples(cfg: RolloutConfig, benchmark):
     """Train-split material when the rehearser's grounding or the caller's demonstration needs it."""
-    from envace.rehearsal.examples import ExampleBank
+    from envace.engine.examples import ExampleBank
 
     if cfg.caller_demo or cfg.rehearser.fewshot == "other_tasks":
         return ExampleBank(benchmark.load_tasks(cfg.category, "train"))
@@ -64,7 +64,7 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
     """
     import time
 
-    from envace.engine.build import build_engine
+    from envace.build import build_engine
 
     reporter = reporter or Reporter()
     benchmark = registry.get(cfg.env)
@@ -200,7 +200,7 @@ def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list
 
     A re-run keeps every cell whose run completed and redoes the others from scratch.
     """
-    from envace.rehearsal import sweep
+    from envace.private import sweep
 
     reporter = reporter or Reporter()
     root, name = Path(root), check_run_id(name)

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from envace.build import build_engine
 from envace.cli import main
 from envace.config import RolloutConfig
-from envace.engine.build import build_engine
 from envace.envs import registry
 from envace.envs.bfcl import memory
 from envace.envs.check import check_category

@@ -14,11 +14,11 @@ import pytest
 from envace.cli import main
 from envace.config import RehearserOptions
 from envace.engine.episode import Episode, Pending
+from envace.engine.examples import ExampleBank
 from envace.engine.prompts import ChatRenderer
+from envace.engine.rehearser import Rehearser
 from envace.engine.sampler import Sampler
 from envace.policy.backend import Generation
-from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.rehearser import Rehearser
 from envace.store import connect
 from envace.types import ToolCall
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from envace.build import build_engine
 from envace.config import RolloutConfig
-from envace.engine.build import build_engine
 from envace.policy.hf import HFBackend
 from envace.policy.specs import DEFAULT_MODEL, default_model_dir
 

@@ -10,11 +10,11 @@ import pytest
 
 from envace.cli import main
 from envace.config import RehearserOptions, RolloutConfig
+from envace.engine.rehearser import as_result
 from envace.envs import registry
 from envace.envs.check import check_category, problems
 from envace.errors import UsageError
 from envace.formats import parse_execution_result
-from envace.rehearsal.rehearser import as_result
 from envace.types import ToolCall
 
 # The example shop whose failures say {"status": false}: `rule` defines the environment's error rule, `by_hand`

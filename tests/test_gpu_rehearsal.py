@@ -401,8 +401,8 @@ def test_the_server_samples_the_untruncated_distribution(server, qwen3_dir):
 
 
 def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
+    from envace.build import build_engine
     from envace.config import RolloutConfig
-    from envace.engine.build import build_engine
     from envace.envs import registry
     from envace.policy.tiny import build_tiny_tokenizer
 

@@ -1,10 +1,10 @@
 import pytest
 
+from envace.build import build_engine
 from envace.config import PrivateOptions, RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
 from envace.errors import UsageError
+from envace.private.memory import parse_memory
 from envace.record import score
-from envace.rehearsal.memory import parse_memory
 
 
 def _engine(backend, bfcl, steps: int = 20, **private):

@@ -9,8 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from envace.build import build_engine
 from envace.config import RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
+from envace.engine.examples import ExampleBank
+from envace.engine.rehearser import as_result
 from envace.envs import example, registry
 from envace.envs.benchmark import json_error
 from envace.errors import UsageError
@@ -18,8 +20,6 @@ from envace.fidelity import real_error
 from envace.formats import parse_execution_result
 from envace.policy.scripted import ReferencePolicy
 from envace.record import score
-from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.rehearser import as_result
 from envace.store import SCHEMAS, Run, connect
 from envace.types import ToolResult, task_group
 

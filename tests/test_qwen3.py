@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from envace.build import build_engine
 from envace.config import RolloutConfig
-from envace.engine.build import build_engine
 from envace.engine.prompts import ChatRenderer
 from envace.formats import strip_thinking
 from envace.policy.backend import Generation

@@ -2,12 +2,12 @@ import json
 
 import pytest
 
+from envace.build import build_engine
 from envace.config import RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
+from envace.engine.examples import ExampleBank
 from envace.formats import parse_execution_result
 from envace.jobs import play
 from envace.record import score
-from envace.rehearsal.examples import ExampleBank
 from envace.store import Run, connect
 
 

@@ -1,5 +1,5 @@
+from envace.build import build_engine
 from envace.config import RolloutConfig
-from envace.engine.build import build_engine
 from envace.jobs import play
 
 

@@ -486,8 +486,8 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
 def test_sft_summariser_rows_render_the_prompt_private_rehearsal_sends(bfcl, tiny):
     """The summariser's SFT row for a turn is exactly what private rehearsal asks after one imagined attempt that
     played the reference (scripted caller and rehearser), and its target is a plain-text memory."""
+    from envace.build import build_engine
     from envace.config import PrivateOptions, RolloutConfig
-    from envace.engine.build import build_engine
     from envace.formats import parse_tool_calls
     from envace.policy.scripted import ReferencePolicy
 

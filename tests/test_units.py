@@ -3,8 +3,8 @@
 import pytest
 
 from envace import units
+from envace.build import build_engine
 from envace.config import RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
 from envace.errors import UsageError
 from envace.record import score
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from envace.build import build_engine
 from envace.config import RolloutConfig
-from envace.engine.build import build_engine
 from envace.envs import registry
 from envace.envs.tau2 import load_tasks
 from envace.policy.backend import Generation

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 
 from envace import fidelity, world_model
+from envace.build import build_engine
 from envace.cli import main
 from envace.config import PrivateOptions, RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
 from envace.envs import registry
 from envace.jobs import Reporter, world_model_job
 from envace.policy.scripted import ReferencePolicy
-from envace.rehearsal.memory import attempt_lines, parse_memory, transcript_memory
+from envace.private.memory import attempt_lines, parse_memory, transcript_memory
 from envace.store import connect
 
 quiet = type("Quiet", (Reporter,), {"say": lambda self, text: None})()

@@ -126,7 +126,7 @@ def bench_rollout_vllm(model: str = "default", limit: int = 8, max_new_tokens: i
 
 def _bfcl_setup(model: str, limit: int):
     """(benchmark, the first `limit` base test tasks, the train-task example bank, a loaded backend)."""
-    from envace.rehearsal.examples import ExampleBank
+    from envace.engine.examples import ExampleBank
 
     benchmark = registry.get("bfcl")
     tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
@@ -136,11 +136,11 @@ def _bfcl_setup(model: str, limit: int):
 def bench_rehearsal(model: str = "default", limit: int = 2, max_new_tokens: int = 64, console=None) -> dict:
     """`rehearse+shadow` against `real` on the same episodes and batch, then metric throughput."""
     from envace import fidelity
+    from envace.build import build_engine
     from envace.embedding import cosine
-    from envace.engine.build import build_engine
     from envace.engine.episode import Pending
+    from envace.engine.rehearser import Rehearser
     from envace.engine.sampler import Sampler
-    from envace.rehearsal.rehearser import Rehearser
 
     say = console.print if console else print
     benchmark, tasks, bank, backend = _bfcl_setup(model, limit)

@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
+from envace.engine.examples import ExampleBank
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.models import add_lora, load_policy
-from envace.rehearsal.examples import ExampleBank
 from envace.training import flex_tree
 from envace.training.forward import attention_blocks
 from envace.training.grpo import Row, backward, grpo_step

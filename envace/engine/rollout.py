@@ -33,6 +33,7 @@ from typing import Protocol
 
 from envace.config import RolloutConfig
 from envace.engine.episode import Episode, Pending
+from envace.engine.examples import ExampleBank
 from envace.engine.past_thinking import drop_past_thinking
 from envace.engine.prompts import ChatRenderer
 from envace.engine.sampler import Sampler
@@ -41,7 +42,6 @@ from envace.engine.worlds import Answer, World
 from envace.envs.registry import Benchmark
 from envace.formats import parse_tool_calls, render_tool_call, strip_thinking
 from envace.policy.backend import Generation
-from envace.rehearsal.examples import ExampleBank
 from envace.types import Role, Task, ToolCall
 
 # Rehearsed answers that refuse a call or fail to answer it (`rehearser.as_result`'s error kinds).

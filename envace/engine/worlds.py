@@ -28,11 +28,11 @@ from typing import Any
 from envace import fidelity
 from envace.engine.episode import Episode, Pending
 from envace.engine.prompts import ChatRenderer
+from envace.engine.rehearser import Rehearsal, Rehearser
 from envace.engine.sampler import Sampler
 from envace.envs.benchmark import json_error
 from envace.envs.validate import check_call
 from envace.formats import parse_tool_calls, strip_thinking
-from envace.rehearsal.rehearser import Rehearsal, Rehearser
 from envace.types import ToolResult
 
 

@@ -77,7 +77,7 @@ class Tables:
                                            f"wm-{arm}"))]
 
     def private(self) -> list[dict]:
-        from envace.rehearsal import sweep
+        from envace.private import sweep
 
         return sweep.against_none(self.con, [self.name("private", s) for s in self.swept], ["sft", "envace"],
                                   self.modes, self.budgets, self.completed)

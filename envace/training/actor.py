@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from envace import record, rewards
+from envace.build import build_engine
 from envace.config import TrainConfig
-from envace.engine.build import build_engine
 from envace.engine.episode import Episode
+from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
-from envace.rehearsal.examples import ExampleBank
 from envace.training.budget import engine_context, row_budget
 from envace.training.served import ServedPolicy
 

@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from envace import units
+from envace.build import build_engine
 from envace.config import TrainConfig
-from envace.engine.build import build_engine
+from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
-from envace.rehearsal.examples import ExampleBank
 from envace.training.budget import fitting_pool, row_budget
 from envace.types import task_group
 

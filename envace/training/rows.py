@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from envace.build import build_engine
 from envace.config import RehearserOptions, RolloutConfig
-from envace.engine.build import build_engine
 from envace.engine.episode import Episode, Generated
 from envace.engine.prompts import reference_memory, reference_transcript, summariser_prompt
 from envace.envs.registry import Benchmark

@@ -45,15 +45,15 @@ import duckdb
 import torch
 
 from envace import ledger, record, rewards, units
+from envace.build import build_engine
 from envace.config import TrainConfig
-from envace.engine.build import build_engine
 from envace.engine.episode import Episode
+from envace.engine.examples import ExampleBank
 from envace.envs import registry
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, enable_checkpointing, load_policy
-from envace.rehearsal.examples import ExampleBank
 from envace.store import Run
 from envace.trackers import Tracker, keyed, open_tracker
 from envace.training import algorithms

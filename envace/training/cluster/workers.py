@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
+from envace.engine.examples import ExampleBank
 from envace.envs import registry
 from envace.policy.hf import HFBackend
 from envace.policy.models import add_lora, enable_checkpointing, load_policy
-from envace.rehearsal.examples import ExampleBank
 from envace.training.actor import Played, RolloutActor
 from envace.training.distributed import Processes
 from envace.training.grpo import Row

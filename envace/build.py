@@ -19,16 +19,16 @@ from __future__ import annotations
 import random
 
 from envace.config import RolloutConfig, turn_range
+from envace.engine.examples import ExampleBank
 from envace.engine.prompts import ChatRenderer
+from envace.engine.rehearser import Rehearser
 from envace.engine.rollout import RolloutEngine
 from envace.engine.sampler import Sampler
 from envace.engine.user import UserSimulator
 from envace.engine.worlds import DynaMix, Forks, RealWorld, RehearsedWorld, Shadow, World
 from envace.envs.registry import Benchmark
 from envace.policy.backend import Backend
-from envace.rehearsal.examples import ExampleBank
-from envace.rehearsal.private import PrivateRehearsal
-from envace.rehearsal.rehearser import Rehearser
+from envace.private.rehearsal import PrivateRehearsal
 
 
 def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, rehearser: Rehearser) -> World:

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 from envace.config import RehearserOptions
 from envace.engine.episode import Pending
+from envace.engine.examples import ExampleBank
 from envace.engine.prompts import ChatRenderer, rehearser_prompt
 from envace.engine.sampler import Sampler
 from envace.envs.benchmark import json_error
 from envace.formats import ParsedResult, content_of, is_error_value, parse_execution_result, strip_thinking
 from envace.policy.backend import Backend, Generation
-from envace.rehearsal.examples import ExampleBank
 from envace.types import Role, ToolResult
 
 _NAMED_ERRORS = {"INVALID_TOOL_CALL_FORMAT", "TOOL_NOT_AVAILABLE", "INVALID_PARAMETERS"}

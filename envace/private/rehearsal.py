@@ -25,13 +25,13 @@ from dataclasses import replace
 from envace.config import PrivateOptions
 from envace.engine.episode import Episode
 from envace.engine.prompts import summariser_prompt
+from envace.engine.rehearser import Rehearser
 from envace.engine.rollout import RolloutEngine
 from envace.engine.sampler import Sampler
 from envace.engine.worlds import RehearsedWorld
 from envace.fidelity import call_key
 from envace.formats import parse_tool_calls, strip_thinking
-from envace.rehearsal.memory import attempt_lines, parse_memory, transcript_memory
-from envace.rehearsal.rehearser import Rehearser
+from envace.private.memory import attempt_lines, parse_memory, transcript_memory
 from envace.types import Role
 
 
