@@ -12,6 +12,9 @@ Decision forks (`decision_sample`) and embedding cosines (`embedding`) belong to
 `shadow_turns` (only those user turns' calls are paired). Each role may have its own backend: the caller's
 (the policy), the rehearser's (`rehearser_model`: a frozen external simulator, or the gold) and the simulated
 user's (`user_model`).
+
+This module sits above `envace.engine` and `envace.private`: private rehearsal plays its imagined attempts in an
+engine of its own, so the engine cannot import it, and only here do the two meet.
 """
 
 from __future__ import annotations

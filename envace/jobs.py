@@ -196,7 +196,7 @@ def world_model_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", n
 
 def sweep_job(name: str, models: dict[str, str], modes: list[str], budgets: list[int], base: RolloutConfig,
               root: str | Path = "runs", reporter: Reporter | None = None) -> tuple[Run, list[dict[str, Any]]]:
-    """Private-rehearsal budgets × modes × models: one eval run per cell, one table (`rehearsal/sweep.py`).
+    """Private-rehearsal budgets × modes × models: one eval run per cell, one table (`private/sweep.py`).
 
     A re-run keeps every cell whose run completed and redoes the others from scratch.
     """

@@ -1,3 +1,5 @@
 """The episode engine: plays every mode (the real environment, the rehearser, a shadow beside either, a Dyna mix),
-many episodes batched together: the loop (`rollout.py`), who answers a call (`worlds.py`), mode → world
-(`build.py`), simulated users (`user.py`), prompts and sampling (`prompts.py`, `sampler.py`)."""
+many episodes batched together: the loop (`rollout.py`), who answers a call (`worlds.py`), the rehearser
+(`rehearser.py`) and its grounding examples (`examples.py`), simulated users (`user.py`), prompts and sampling
+(`prompts.py`, `sampler.py`). Mode → world, and the engine with private rehearsal's hook, is `envace.build`,
+above this package."""

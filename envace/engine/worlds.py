@@ -13,7 +13,7 @@
   forked (`Forks`): the caller's next action after the real and after the rehearsed response.
 
 A new world is a class, not a branch in the engine. The CLI's modes map to worlds in one place
-(`build.world_for`). Worlds compose: `Shadow(DynaMix(...), RealWorld())` answers each call once in each
+(`envace.build.world_for`). Worlds compose: `Shadow(DynaMix(...), RealWorld())` answers each call once in each
 world (a call the mix already sent to the real environment is not executed twice).
 """
 

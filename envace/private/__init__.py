@@ -1,3 +1,3 @@
-"""Rehearsing: the rehearser role (`rehearser.py`), its grounding examples (`examples.py`), private rehearsal
-before a committed turn (`private.py`, `memory.py`) and its sweeps (`sweep.py`). The engine that plays episodes
-is `envace.engine`."""
+"""Private rehearsal: the before-turn hook that imagines a turn in the rehearsed world (`rehearsal.py`), the memory
+its attempts become (`memory.py`) and budget sweeps of it (`sweep.py`). It drives the engine (`envace.engine`),
+which never imports it back; `envace.build` hands the hook to the engine."""
