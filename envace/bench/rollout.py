@@ -36,13 +36,9 @@ def _raw_generate(backend: HFBackend, prompts: list[list[int]], max_new_tokens: 
     return total
 
 
-def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 64, console=None) -> dict:
-    say = console.print if console else print
-    benchmark = registry.get("bfcl")
-    tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
-    backend = HFBackend.load(model)
-    cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
-                        max_steps_per_turn=3)
+def _recorded(backend) -> list[list[list[int]]]:
+    """Every batch of prompts `backend.generate` is called with from now on, in the list returned: the engine's step
+    batches, to replay outside it."""
     batches: list[list[list[int]]] = []
     generate = backend.generate
 
@@ -50,7 +46,18 @@ def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 
         batches.append(prompts)
         return generate(prompts, params)
 
-    backend.generate = recording  # type: ignore[method-assign]
+    backend.generate = recording
+    return batches
+
+
+def bench_rollout(model: str = "default", limit: int = 4, max_new_tokens: int = 64, console=None) -> dict:
+    say = console.print if console else print
+    benchmark = registry.get("bfcl")
+    tasks = benchmark.load_tasks("multi_turn_base", "test", limit=limit)
+    backend = HFBackend.load(model)
+    cfg = RolloutConfig(model=model, limit=limit, batch_size=limit, max_new_tokens=max_new_tokens,
+                        max_steps_per_turn=3)
+    batches = _recorded(backend)
     say(f"engine: {limit} BFCL test episodes, batch {limit}, {max_new_tokens} new tokens per message …")
     start = time.perf_counter()
     summary = play(cfg, None, backend, tasks=tasks)
@@ -88,14 +95,7 @@ def bench_rollout_vllm(model: str = "default", limit: int = 8, max_new_tokens: i
     try:
         remote = RemoteBackend([server.url], "base", load_tokenizer(model))
         remote.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # the server's first request warms it up
-        batches: list[list[list[int]]] = []
-        generate = remote.generate
-
-        def recording(prompts: list[list[int]], params: SamplingParams):
-            batches.append(prompts)
-            return generate(prompts, params)
-
-        remote.generate = recording  # type: ignore[method-assign]
+        batches = _recorded(remote)
         result: dict = {"model": model, "episodes": limit, "max_new_tokens": max_new_tokens}
         for name, backend in (("vllm", remote), ("hf", HFBackend.load(model))):
             say(f"engine on {name}: {limit} BFCL test episodes, batch {limit} …")
