@@ -248,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or tempfile.mkdtemp(prefix="gpu-smoke-")
     command = train_argv(args, root)
     from envace.cli import main as envace
-    from envace.training import train
+    from envace.training import setup
 
     report: dict = {}
     # the run's own server and weights, checked when the run closes them
-    train.ServedPolicy = checked_served_policy(args.sync_tokens, args.sync_tolerance, report)
+    setup.ServedPolicy = checked_served_policy(args.sync_tokens, args.sync_tolerance, report)
     started = time.perf_counter()
     code = envace(command)
     if code:

@@ -25,7 +25,7 @@ from envace.types import ToolCall
 
 @pytest.fixture
 def reference_caller(monkeypatch, bfcl):
-    import envace.training.train as trainer
+    import envace.training.actor as rollout_actor
     from envace.policy.scripted import ReferencePolicy
 
     class Reference(ReferencePolicy):
@@ -46,7 +46,7 @@ def reference_caller(monkeypatch, bfcl):
             return out
 
     tasks = bfcl.load_tasks("multi_turn_base", "train")
-    monkeypatch.setattr(trainer, "HFBackend", lambda model, tok, *_: Reference(tok, tasks))
+    monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tok, *_: Reference(tok, tasks))
 
 
 def _train(root, *overrides: str) -> int:
@@ -128,7 +128,7 @@ def test_the_rehearsers_budget_clamps_to_what_is_left_of_the_context(bfcl, tiny)
 
 
 def test_the_hf_fallback_takes_the_configured_micro_batch_size(tmp_path, monkeypatch):
-    import envace.training.train as trainer
+    import envace.training.actor as rollout_actor
     from envace.policy.hf import HFBackend
 
     sizes = []
@@ -137,7 +137,7 @@ def test_the_hf_fallback_takes_the_configured_micro_batch_size(tmp_path, monkeyp
         sizes.append(max_batch_tokens)
         return HFBackend(model, tok, max_batch_tokens, *rest)
 
-    monkeypatch.setattr(trainer, "HFBackend", recording)
+    monkeypatch.setattr(rollout_actor, "HFBackend", recording)
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "sft_tasks=0",
                  "--set", "grpo_steps=1", "--set", "rollout.max_batch_tokens=4096"]) == 0
     assert sizes and set(sizes) == {4096}  # was the backend's default, 32,768, whatever the config said

@@ -10,7 +10,6 @@ import json
 import shutil
 
 import pytest
-
 from golden import FIXTURE, config, digest, train
 
 EXPECTED = json.loads((FIXTURE / "digest.json").read_text())

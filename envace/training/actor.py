@@ -7,13 +7,14 @@
 
 The actor owns its generation weights (`generator`: the trained module itself when the learner waits for it,
 a copy when they overlap), its backend (in-process HF generation, or the vLLM servers its weights are pushed
-to) and the engine it builds each step. The learner (`train.py`) turns what it plays into an update; with
+to) and the engine it builds each step. The learner (`learner.py`) turns what it plays into an update; with
 `max_staleness = k ≥ 1` the actor plays step b with version max(0, b − k) while the learner updates
 (`staleness.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +28,11 @@ from envace.config import TrainConfig
 from envace.engine.episode import Episode
 from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
+from envace.policy.hf import HFBackend
+from envace.training import evaluate
 from envace.training.budget import engine_context, row_budget
 from envace.training.served import ServedPolicy
+from envace.training.setup import heartbeat
 
 
 @dataclass
@@ -45,6 +49,14 @@ class Played:
     restarts: int = 0  # Ray actors that died during this step and replayed their share
     actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's own wall time on its share
 
+    def spans(self) -> dict[str, float]:
+        """The step's rollout as the app's timeline stores it (with Ray, each actor's share and its restarts)."""
+        out = {"rollout_s": self.seconds, "policy_version": self.version, "rollout_start_t": self.started}
+        if self.actor_seconds:
+            out.update(actor_restarts=self.restarts,
+                       **{record.actor_metric(i): s for i, s in enumerate(self.actor_seconds)})
+        return out
+
 
 def trainable(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A copy of the trainable weights (LoRA's adapters, or every weight): one published policy version."""
@@ -57,10 +69,30 @@ class RolloutActor:
 
     def __init__(self, cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, generator, backend,
                  served: ServedPolicy | None, heartbeat: Callable[[str], Callable[[int, int], None]],
-                 rank: int = 0) -> None:
-        self.cfg, self.benchmark, self.bank, self.rank = cfg, benchmark, bank, rank
+                 rank: int = 0, share: Callable[[list], list] = list) -> None:
+        self.cfg, self.benchmark, self.bank, self.rank, self.share = cfg, benchmark, bank, rank, share
         self.generator, self.backend, self.served, self.heartbeat = generator, backend, served, heartbeat
         self.version = 0
+
+    @classmethod
+    def local(cls, cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, generator, tokenizer,
+              served: ServedPolicy | None, say: Callable[[str], None], procs) -> RolloutActor:
+        """The actor of a training process: its share of the tasks, generating through the servers when
+        there are any, else in this process on `generator`; progress reported through `say`."""
+        backend = served.backend if served else HFBackend(generator, tokenizer, cfg.rollout.max_batch_tokens)
+        return cls(cfg, benchmark, bank, generator, backend, served, lambda what: heartbeat(say, what), procs.rank,
+                   procs.share)
+
+    def detached(self) -> RolloutActor:
+        """An actor on its own copy of the generation weights (the servers stay shared), holding no version yet:
+        it plays while the learner updates the original (`max_staleness`)."""
+        generator = copy.deepcopy(self.generator).eval()
+        backend = self.served.backend if self.served else \
+            HFBackend(generator, self.backend.tokenizer, self.cfg.rollout.max_batch_tokens)
+        actor = RolloutActor(self.cfg, self.benchmark, self.bank, generator, backend, self.served, self.heartbeat,
+                             self.rank, self.share)
+        actor.version = -1  # loads its first version before it plays
+        return actor
 
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Take published version `version` into the generation weights (and the servers); seconds spent."""
@@ -93,3 +125,7 @@ class RolloutActor:
                 g.policy_version = self.version
         return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started,
                       clock)
+
+    def evaluate(self, updates: int) -> tuple[list[Episode], list[dict[str, Any]]]:
+        """This process's `share` of the evaluation after `updates` updates, played greedily (`evaluate.play`)."""
+        return evaluate.play(self.cfg, self.benchmark, self.bank, self.generator, self.backend, updates, self.share)

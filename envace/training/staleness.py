@@ -12,7 +12,7 @@ dropped and counted, which this schedule never produces), and the update correct
 importance sampling against the stored behaviour log-probs: w = min(π_θ / π_behaviour, cap) per token
 (`vllm_importance_cap`). The schedule is fixed by (seed, step, k) alone, so a run is reproducible and
 `--resume` exact: `state.pt` keeps the versions the next steps are sampled with. `k = 0` is the synchronous
-loop of `train.py` (no thread, no copy), not this class.
+loop of `loop.py` (`synchronous`: no thread, no copy), not this class.
 
 Why one actor thread and not a pool: the engine already batches every episode of a step into one backend
 call per role; the overlap that matters is rollout against update. A step still waits for its slowest

@@ -1,6 +1,6 @@
 """`envace train` under `[train.ray]`: the driver's side of the actors and the learner ranks.
 
-The loop is `train.overlapped`, the same one a single process runs with `max_staleness ≥ 1`; here its actor
+The loop is `loop.overlapped`, the same one a single process runs with `max_staleness ≥ 1`; here its actor
 is `RemoteActors` (every actor plays its share of a step's tasks) and its learner `RemoteLearner` (every
 rank updates on its share of the groups; the gradients are summed in their torch.distributed group). With
 `max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
@@ -13,24 +13,23 @@ group is stored exactly once however often its actor died.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from envace.config import TrainConfig
-from envace.envs import registry
 from envace.store import Run
-from envace.trackers import open_tracker
 from envace.training.actor import Played
-from envace.training.cluster.placement import Placement, place
+from envace.training.checkpoint import start_or_resume, write_files
+from envace.training.cluster.placement import Placement
 from envace.training.distributed import Processes
+from envace.training.evaluate import evaluate
 from envace.training.grpo import Row
-from envace.training.learner import ADDITIVE
+from envace.training.learner import ADDITIVE, BaseLearner
+from envace.training.loop import Trainer, overlapped
+from envace.training.recorder import Recorder
 
 
 class RemoteActors:
@@ -93,20 +92,35 @@ class RemoteActors:
                 self.restarts += 1
                 self.say(f"  actor {i} {why}: sending it policy version {self.published[1]} again and replaying "
                          f"its share")
-                try:
-                    ray.get(self.handles[i].load.remote(*self.published))
-                except ray.exceptions.RayActorError:
-                    pass  # died again: the next attempt finds out
+                self._reload(i)
                 ref = call(self.handles[i], i)
             out.append(result)
         return out
 
 
-class RemoteLearner:
+    def _reload(self, i: int, restart_s: float = 600.0) -> None:
+        """Send actor `i` the published version again. While Ray restarts it, a call fails at once with
+        `ActorUnavailableError`: wait for it (up to `restart_s`) instead of spending a restart on each failure."""
+        import ray
+
+        deadline = time.monotonic() + restart_s
+        while True:
+            try:
+                ray.get(self.handles[i].load.remote(*self.published))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    return  # the next attempt finds out
+                time.sleep(0.5)
+            except ray.exceptions.RayActorError:
+                return  # died again: the next attempt finds out
+
+
+class RemoteLearner(BaseLearner):
     """The learner ranks as one `learner.Learner`: rank r updates on the groups of every r-th task."""
 
-    def __init__(self, handles: list) -> None:
-        self.handles = handles
+    def __init__(self, cfg: TrainConfig, handles: list) -> None:
+        self.cfg, self.handles = cfg, handles
 
     def _all(self, method: str, *args) -> list:
         import ray
@@ -161,16 +175,14 @@ def _actors(cfg: TrainConfig, placement: Placement, run: Run) -> list:
             .remote(cfg, i) for i in range(rc.actors)]
 
 
-def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume: bool) -> dict[str, Any]:
-    """SFT then GRPO with Ray's actors and learner ranks (module docstring), this process connected to the cluster
-    (`placement.joined`); the summary, as `train.train`."""
+def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume: bool,
+                 placement: Placement) -> dict[str, Any]:
+    """SFT then GRPO with Ray's actors and learner ranks (module docstring) in `placement`, reserved and its nodes
+    checked before the run existed (`placement.reserved`); the summary, as `loop.train`."""
     import ray
 
-    from envace.training import train as single
-
-    placement, ranks, actors = None, [], []
+    ranks, actors = [], []
     try:
-        placement = place(cfg.ray)
         ranks = _ranks(cfg, placement)
         host, port = ray.get(ranks[0].endpoint.remote())
         cfg, pool = ray.get([r.join.remote(host, port) for r in ranks])[0]  # `auto` budgets resolved on rank 0
@@ -181,45 +193,26 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         say(f"ray: {len(actors)} actor(s) on " + ", ".join(named[: len(actors)]) + f"; a learner of {len(ranks)} "
             "rank(s) on " + ", ".join(named[len(actors):]))
         procs = Processes()  # the driver alone: world 1, writes everything
-        s = single.Session(cfg, run, procs, say, registry.get(cfg.rollout.env), None, None, None,
-                           learner=RemoteLearner(ranks), tracker=open_tracker(cfg.report_to, run, asdict(cfg)))
-        def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics logged here
+        learner = RemoteLearner(cfg, ranks)
+        t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
+
+        def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics recorded here
             nll, logged = ray.get([r.sft.remote() for r in ranks])[0]
             for step, values in logged:
-                single.log_sft(s)(step, values)
+                t.recorder.sft(step, values)
             return nll
 
-        start, versions, summary = single.started(s, resume, lambda: "cpu", warm)
+        start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: "cpu", warm)
         remote = RemoteActors(actors, cfg.ray.max_restarts, say)
-
-        def evaluate_version(version: int, weights: dict[str, torch.Tensor]) -> None:
-            remote.load(weights, version)
-            episodes, rows = remote.evaluate(version)
-            single.report_evaluation(s, version, single.evaluation_scores(run, procs, version, episodes, rows))
-
         if cfg.eval_every and start == 0:
-            evaluate_version(0, s.learner.weights())
-        single.overlapped(s, remote, start, lambda step: single.step_tasks(cfg, pool, step), versions,
-                          evaluate_version)
+            evaluate(remote, t.recorder, 0, learner.weights())
+        overlapped(t, remote, start, versions)
         files = ray.get([r.checkpoint.remote() for r in ranks])[0]
-        summary["checkpoint"] = str(_write_checkpoint(run, files))
+        summary["checkpoint"] = str(write_files(run.path / "checkpoint", files))
         say(f"saved {summary['checkpoint']}")
-        s.tracker.close()
+        t.recorder.close()
         return summary
     finally:
         ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=60)  # their vLLM servers
         for handle in actors + ranks:
             ray.kill(handle, no_restart=True)
-        if placement is not None:
-            placement.remove()
-
-
-def _write_checkpoint(run: Run, files: dict[str, bytes]):
-    out, partial = run.path / "checkpoint", run.path / f".checkpoint.{os.getpid()}.partial"
-    for name, data in files.items():
-        (partial / name).parent.mkdir(parents=True, exist_ok=True)
-        (partial / name).write_bytes(data)
-    if out.exists():  # a resumed run replaces its earlier checkpoint
-        shutil.rmtree(out)
-    os.replace(partial, out)  # a kill mid-write leaves no half-written checkpoint behind
-    return out

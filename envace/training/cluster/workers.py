@@ -16,31 +16,18 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
-from envace.engine.examples import ExampleBank
-from envace.envs import registry
 from envace.policy.hf import HFBackend
-from envace.policy.models import add_lora, enable_checkpointing, load_policy
+from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
+from envace.training.checkpoint import write_checkpoint
 from envace.training.distributed import Processes
 from envace.training.grpo import Row
 from envace.training.learner import Learner
-from envace.training.pool import grpo_pool, seen_groups, write_seen
+from envace.training.pool import grpo_pool, seen_groups
 from envace.training.served import ServedPolicy
-from envace.training.train import heartbeat, play_evaluation, warm_up
+from envace.training.setup import build_policy, heartbeat
+from envace.training.sft import warm_up
 
-
-def _policy(cfg: TrainConfig, threads: float):
-    """(model, tokenizer, benchmark, train tasks, example bank) as every process of a run builds them."""
-    torch.set_num_threads(max(1, int(threads)))  # Ray's CPUs for this worker, not the whole node's
-    torch.manual_seed(cfg.seed)
-    benchmark = registry.get(cfg.rollout.env)
-    model, tok = load_policy(cfg.model, cfg.dtype)
-    if cfg.gradient_checkpointing:
-        enable_checkpointing(model)
-    if cfg.lora:
-        model = add_lora(model, cfg.lora_rank)
-    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
-    return model, tok, benchmark, train_tasks, ExampleBank(train_tasks)
 
 def _node() -> str:
     import ray
@@ -54,7 +41,8 @@ class ActorWorker:
     none, answers None, and the driver sends the weights again."""
 
     def __init__(self, cfg: TrainConfig, index: int) -> None:
-        model, tok, benchmark, _, bank = _policy(cfg, cfg.ray.actor_cpus)
+        policy = build_policy(cfg, threads=cfg.ray.actor_cpus)
+        model, tok, benchmark, bank = policy.model, policy.tok, policy.benchmark, policy.bank
         served, self.folder = None, None
         if cfg.rollout.backend == "vllm":  # the server's log and pushed adapters: this actor's own folder
             self.folder = Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-"))
@@ -88,8 +76,8 @@ class ActorWorker:
     def evaluate(self, updates: int, version: int, index: int, count: int):
         if self.actor.version != version:
             return None
-        return play_evaluation(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
-                               lambda tasks: list(tasks[index::count]))
+        return evaluate.play(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
+                             lambda tasks: list(tasks[index::count]))
 
 
 class LearnerRank:
@@ -119,14 +107,12 @@ class LearnerRank:
         gpus = cfg.ray.learner_gpus > 0  # Ray shows each rank only its own GPU: cuda:0
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), MASTER_ADDR=host, MASTER_PORT=str(port),
                           LOCAL_RANK="0" if gpus else str(self.rank), LOCAL_WORLD_SIZE="1" if gpus else str(self.world))
-        model, tok, benchmark, train_tasks, bank = _policy(cfg, cfg.ray.learner_cpus)
-        self.tok, self.benchmark, self.train_tasks, self.bank = tok, benchmark, train_tasks, bank
+        self.policy = policy = build_policy(cfg, threads=cfg.ray.learner_cpus)
         self.procs = Processes(cfg.fsdp, timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
-        pool = grpo_pool(cfg, benchmark, train_tasks, bank, model, tok, self._say) if self.rank == 0 else None
-        self.generator = self.procs.prepare(model)
-        optimizer = self.procs.optimizer([p for p in model.parameters() if p.requires_grad], cfg.lr,
-                                         cfg.shard_optimizer)
-        self.learner = Learner(cfg, model, optimizer, self.procs, tok.pad_token_id)
+        pool = grpo_pool(cfg, policy.benchmark, policy.train_tasks, policy.bank, policy.model, policy.tok,
+                         self._say) if self.rank == 0 else None
+        self.generator = self.procs.prepare(policy.model)
+        self.learner = Learner(cfg, policy.model, self.procs, policy.tok.pad_token_id)
         return pool
 
     def _say(self, line: str) -> None:
@@ -134,10 +120,10 @@ class LearnerRank:
             print(line, flush=True)
 
     def sft(self) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
-        """SFT (`train.warm_up`) with an optimiser of its own; its summary and rank 0's per-step metrics."""
+        """SFT (`sft.warm_up`) through this rank's learner; its summary and rank 0's per-step metrics."""
         logged: list[tuple[int, dict[str, float]]] = []
-        summary = warm_up(self.cfg, self.benchmark, self.bank, self.train_tasks, self.tok, self.learner.model,
-                          self.procs, lambda step, values: logged.append((step, values)), self._say)
+        summary = warm_up(self.cfg, self.policy, self.learner, lambda step, values: logged.append((step, values)),
+                          self._say)
         return summary, logged
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
@@ -158,12 +144,10 @@ class LearnerRank:
         self.procs.sync(self.learner.model, self.generator)
         if self.rank != 0:
             return None
-        model = self.generator.merge_and_unload() if self.cfg.lora else self.generator
         with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
-            model.save_pretrained(folder)
-            self.tok.save_pretrained(folder)
-            write_seen(folder, seen_groups(self.cfg, self.train_tasks))
-            return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob("*") if p.is_file()}
+            out = write_checkpoint(Path(folder) / "checkpoint", self.generator, self.policy.tok,
+                                   seen_groups(self.cfg, self.policy.train_tasks), self.cfg.lora)
+            return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     def leave(self) -> None:
         if torch.distributed.is_initialized():

@@ -1,0 +1,106 @@
+"""What a training run saves: `state.pt` to resume from, and the final weights in `<run>/checkpoint`.
+
+    state.pt     the trainable weights, the optimiser, the next GRPO step and the kept policy versions
+                 (`max_staleness`); after SFT and every `save_every` steps; all a killed run needs, since step k's
+                 tasks and seeds derive from (seed, k) alone
+    checkpoint/  the final weights (LoRA merged), the tokenizer and the task groups SFT saw (`pool.SEEN_FILE`),
+                 loadable by `--model`
+
+Both are written beside and renamed, so a kill mid-write leaves the previous one whole. `write_checkpoint` is
+the one writer: the single-process loop and Ray's learner rank 0 both call it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envace.config import TrainConfig
+from envace.store import Run
+from envace.training.distributed import Processes
+from envace.training.pool import write_seen
+from envace.training.sft import sft_place
+
+
+def save_state(learner, procs: Processes, run: Run, next_step: int,
+               versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
+    """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`, with the
+    earlier policy versions the next steps are sampled with (`max_staleness`)."""
+    state = learner.state()
+    if not procs.main:
+        return
+    tmp = run.path / f".state.{os.getpid()}.partial"
+    torch.save({"next_step": next_step, **state, "versions": versions or {}}, tmp)
+    os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
+
+
+def load_state(learner, run: Run, device: Callable[[], Any]) -> tuple[int, dict] | None:
+    """(next GRPO step, the kept policy versions) of a saved run, its weights and optimiser put into `learner`;
+    None when no `state.pt` exists."""
+    path = run.path / "state.pt"
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=True, map_location=device())
+    learner.load(state)
+    return state["next_step"], state.get("versions", {})
+
+
+def start_or_resume(cfg: TrainConfig, run: Run, procs: Processes, learner, say: Callable[[str], None], resume: bool,
+                    device: Callable[[], Any], warm: Callable[[], dict]) -> tuple[int, dict, dict]:
+    """(next GRPO step, the kept policy versions, the run's summary so far), the learner holding its starting
+    weights: a resumed run's `state.pt`, else the base after SFT (`warm()` returns SFT's summary), saved as
+    `state.pt` before the first step. Whether `state.pt` exists is read once: saving is a collective."""
+    summary: dict[str, Any] = dict(run.meta().get("summary") or {}) if resume else {}
+    saved = (run.path / "state.pt").exists()
+    loaded = load_state(learner, run, device) if resume and saved else None
+    start, versions = loaded or (0, {})
+    if loaded:
+        say(f"resuming at GRPO step {start + 1} (SFT already done)")
+    elif cfg.sft_tasks and cfg.sft_epochs:
+        summary.update(warm())
+        if procs.main:
+            run.update(summary=summary)
+    if not saved:
+        save_state(learner, procs, run, 0)
+    if procs.main:
+        sft_place(cfg, run.path, procs).clear()  # SFT's result is in state.pt now
+    return start, versions, summary
+
+
+def final_checkpoint(run: Run, procs: Processes, model, tokenizer, seen: set[str], lora: bool) -> Path:
+    """`<run>/checkpoint`, written by process 0 while the others wait (every process calls)."""
+    out = run.path / "checkpoint"
+    if procs.main:
+        write_checkpoint(out, model, tokenizer, seen, lora)
+    procs.wait()
+    return out
+
+
+def write_checkpoint(out: Path, model, tokenizer, seen: set[str], lora: bool) -> Path:
+    """`model` (LoRA merged into plain weights) and `tokenizer` saved as `out`, which a resumed run replaces."""
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    (model.merge_and_unload() if lora else model).save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    write_seen(partial, seen)
+    return _replace(partial, out)
+
+
+def write_files(out: Path, files: dict[str, bytes]) -> Path:
+    """A checkpoint another process saved with `write_checkpoint` ({relative path: bytes}), written as `out`."""
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    for name, data in files.items():
+        (partial / name).parent.mkdir(parents=True, exist_ok=True)
+        (partial / name).write_bytes(data)
+    return _replace(partial, out)
+
+
+def _replace(partial: Path, out: Path) -> Path:
+    if out.exists():  # a resumed run replaces its earlier checkpoint
+        shutil.rmtree(out)
+    os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind
+    return out

@@ -1,0 +1,150 @@
+"""`envace train`, top to bottom: SFT, then role-wise GRPO with no environment in the loop.
+
+    build the policy (+ LoRA), the learner, the recorder            # `setup.py`, `learner.py`, `recorder.py`
+    SFT on the reference rows, or resume from `state.pt`             # `sft.py`, `checkpoint.py`
+    for each GRPO step k:
+        played = actor.play(k, tasks drawn from (seed, k))   # G rollouts per task in the rehearsed world
+        result = learner.step(played)                        # A = reward − mean per (task, role); one update
+        push the new weights to the generator and its vLLM servers
+        recorder.record(result)                              # the advantages on the very generations, every table
+        evaluate every `eval_every` updates, save `state.pt` every `save_every`
+    save the final weights (LoRA merged) to <run>/checkpoint
+
+With `max_staleness = s ≥ 1` (`overlapped`) the actor plays on a thread with its own copy of the weights, step k
+with version max(0, k − s), while the learner updates (`staleness.py`); `[train.ray]` runs the same `overlapped`
+with Ray's actors and learner ranks (`cluster/driver.py`). Resume is exact: nothing random carries over steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from envace.config import TrainConfig
+from envace.store import Run
+from envace.training.actor import Played, RolloutActor
+from envace.training.checkpoint import final_checkpoint, save_state, start_or_resume
+from envace.training.distributed import Processes
+from envace.training.evaluate import evaluate
+from envace.training.fsdp import launcher_fsdp
+from envace.training.learner import BaseLearner, Learner
+from envace.training.pool import grpo_pool, seen_groups
+from envace.training.recorder import Recorder
+from envace.training.setup import build_policy, processes, publisher, start_servers, step_tasks
+from envace.training.sft import eta, sft_place, warm_up
+from envace.training.staleness import AheadPipeline
+
+
+@dataclass
+class Trainer:
+    """What the loop drives: the `learner` updates, the `recorder` keeps, steps draw their units from `pool`."""
+    cfg: TrainConfig
+    run: Run
+    procs: Processes
+    learner: BaseLearner
+    recorder: Recorder
+    pool: list
+
+    def tasks_of(self, step: int) -> list:
+        return self.procs.share(step_tasks(self.cfg, self.pool, step))
+
+
+def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
+    """SFT then GRPO into `run` in this process (and its `accelerate launch` peers): the module docstring."""
+    launcher = launcher_fsdp(cfg.shard_optimizer)
+    procs = processes(cfg, launcher, say)
+    if not procs.main:
+        say = lambda _: None  # noqa: E731  (process 0 speaks for all)
+    policy = build_policy(cfg, checkpointing=bool(launcher and launcher["activation_checkpointing"]))
+    model, tok = policy.model, policy.tok
+    cfg, pool = grpo_pool(cfg, policy.benchmark, policy.train_tasks, policy.bank, model, tok, say)
+    generator = procs.prepare(model)  # what rollouts generate with: `model` itself unless FSDP shards it
+    learner = Learner(cfg, model, procs, tok.pad_token_id)
+    t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
+    start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: generator.device,
+                                               lambda: warm_up(cfg, policy, learner, t.recorder.sft, say,
+                                                               sft_place(cfg, run.path, procs)))
+    served = start_servers(cfg, procs, run, tok, say) if cfg.grpo_steps > start or cfg.eval_every else None
+    push = publisher(cfg, procs, model, generator, served)
+    synced = push()
+    if served is not None:
+        say(f"vLLM: weights synced in {synced:.2f} s")
+    actor = RolloutActor.local(cfg, policy.benchmark, policy.bank, generator, tok, served, say, procs)
+    try:
+        if cfg.eval_every and start == 0:
+            evaluate(actor, t.recorder, 0)
+        if cfg.max_staleness:
+            overlapped(t, actor.detached(), start, versions)
+        else:
+            synchronous(t, actor, start, push)
+    finally:
+        if served is not None:
+            served.close()
+        t.recorder.close()
+    summary["checkpoint"] = str(final_checkpoint(run, procs, generator, tok, seen_groups(cfg, policy.train_tasks),
+                                                 cfg.lora))
+    say(f"saved {summary['checkpoint']}")
+    return summary
+
+
+def synchronous(t: Trainer, actor: RolloutActor, start: int, push: Callable[[], float | None]) -> None:
+    """`max_staleness = 0`: play step k with the weights after k updates, update, push, then play step k + 1."""
+    started = time.perf_counter()
+    for step in range(start, t.cfg.grpo_steps):
+        actor.version = step  # the generation weights are the trained ones
+        learn(t, actor.play(step, t.tasks_of(step)), push=push)
+        t.recorder.say(f"  {eta(started, step + 1 - start, t.cfg.grpo_steps - start)}")
+        if due(t.cfg, step + 1, t.cfg.eval_every):
+            evaluate(actor, t.recorder, step + 1)
+        if due(t.cfg, step + 1, t.cfg.save_every):
+            save_state(t.learner, t.procs, t.run, step + 1)
+
+
+def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
+    """The learner's loop while `actor` (a detached `RolloutActor` on a thread, or Ray's actors) plays ahead: take
+    each step in order, update, publish the new version, evaluate (on the actor's thread) and save when due."""
+    cfg = t.cfg
+    pipe = AheadPipeline(actor, cfg.max_staleness, start, cfg.grpo_steps, {**versions, start: t.learner.weights()},
+                         t.tasks_of)
+    evaluations, started = [], time.perf_counter()
+    try:
+        for step in range(start, cfg.grpo_steps):
+            pipe.fill(step)  # the learner holds version `step`
+            played, wait_s, load_s = pipe.take(step)
+            learn(t, played, timings={"wait_s": wait_s, "load_s": load_s}, since=started)
+            started, weights = time.perf_counter(), t.learner.weights()
+            pipe.publish(step + 1, weights)
+            t.recorder.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
+            if due(cfg, step + 1, cfg.eval_every):
+                evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate(actor, t.recorder, v, w)))
+            if due(cfg, step + 1, cfg.save_every):
+                save_state(t.learner, t.procs, t.run, step + 1, pipe.kept(step + 1))
+        for done in evaluations:
+            done.result()
+    finally:
+        pipe.close()
+
+
+def learn(t: Trainer, played: Played, push: Callable[[], float | None] | None = None,
+          timings: dict[str, float] | None = None, since: float | None = None) -> None:
+    """One update on `played` and its record, with the step's spans for the app's timeline. A step sampled more
+    than `max_staleness` versions ago is dropped and counted, never trained on. `push` (the synchronous loop):
+    the next step generates with the weights just updated; `since`: the step's wall time runs from there."""
+    if played.step - played.version > t.cfg.max_staleness:
+        t.recorder.dropped(played.step, played.version)
+        return
+    started, clock = time.perf_counter(), time.time()
+    result = t.learner.step(played)
+    stats, update_s = result.stats, time.perf_counter() - started
+    if push is not None and (synced := push()) is not None:
+        stats["sync_s"] = synced
+    stats.update(played.spans(), update_s=update_s, staleness=result.staleness, update_start_t=clock,
+                 **(timings or {}))
+    stats["step_s"] = time.perf_counter() - (since if since is not None else started - played.seconds)
+    t.recorder.record(result)
+
+
+def due(cfg: TrainConfig, updates: int, every: int) -> bool:
+    return bool(every) and (updates % every == 0 or updates == cfg.grpo_steps)

@@ -1,0 +1,120 @@
+"""What a training process builds before its first step: the policy, its processes, its vLLM servers.
+
+The single-process loop (`loop.py`), each `accelerate launch` process and each Ray worker (`cluster/workers.py`)
+build the same things the same way, in the same order (the seed is set before LoRA's random init).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envace.config import TrainConfig
+from envace.engine.examples import ExampleBank
+from envace.envs import registry
+from envace.envs.registry import Benchmark
+from envace.errors import UsageError
+from envace.policy.models import add_lora, enable_checkpointing, load_policy
+from envace.store import Run
+from envace.training.distributed import Processes
+from envace.training.served import ServedPolicy
+
+
+@dataclass
+class Policy:
+    """The trained model with its tokenizer, the benchmark, its train tasks and their example bank."""
+
+    model: Any
+    tok: Any
+    benchmark: Benchmark
+    train_tasks: list
+    bank: ExampleBank
+
+
+def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float | None = None) -> Policy:
+    """The policy as every process of a run builds it: seeded, checkpointed when asked (`gradient_checkpointing`,
+    or `checkpointing` from the launcher), with LoRA adapters when `lora`. `threads`: torch's threads (a Ray
+    worker's CPUs, not the whole node's)."""
+    if threads is not None:
+        torch.set_num_threads(max(1, int(threads)))
+    torch.manual_seed(cfg.seed)
+    benchmark = registry.get(cfg.rollout.env)
+    model, tok = load_policy(cfg.model, cfg.dtype)
+    if cfg.gradient_checkpointing or checkpointing:
+        enable_checkpointing(model)
+    if cfg.lora:
+        model = add_lora(model, cfg.lora_rank)
+    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
+    return Policy(model, tok, benchmark, train_tasks, ExampleBank(train_tasks))
+
+
+def processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:
+    """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask; refused
+    in one line where the config cannot run on them."""
+    fsdp = cfg.fsdp or launcher is not None
+    procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True,
+                      timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
+    if fsdp and procs.world == 1:
+        say("fsdp: a single process has nothing to shard across; training unsharded")
+    if procs.world > 1 and cfg.max_staleness:
+        raise UsageError("max_staleness: rollouts ahead of the update run in one process for now; launch one "
+                         "process, or set max_staleness = 0")
+    if procs.world > cfg.tasks_per_step:
+        raise UsageError(f"{procs.world} processes need tasks_per_step >= {procs.world} (each plays whole tasks)")
+    return procs
+
+
+def start_servers(cfg: TrainConfig, procs: Processes, run: Run, tok,
+                  say: Callable[[str], None]) -> ServedPolicy | None:
+    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `servers`), None when neither is asked.
+
+    One process: a server on `vllm_devices` (default: the trainer's GPU, `vllm_gpu_memory` of it). Several: each
+    starts its own on its own GPU (or on `vllm_devices[rank]`), or all attach to `servers` and process 0 pushes."""
+    if cfg.rollout.backend != "vllm" and not cfg.servers:
+        return None
+    devices = cfg.vllm_devices
+    if procs.world > 1 and devices is not None:
+        if len(devices) != procs.world:
+            raise UsageError(f"vllm_devices: {procs.world} processes start one server each: give one GPU per "
+                             f"process ({procs.world} indices), got {devices}")
+        devices = [devices[procs.rank]]
+    folder = run.path / ("served" if procs.world == 1 else f"served-p{procs.rank}")
+    return ServedPolicy.start(cfg.model, cfg.servers, cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
+                              folder, say, gpu_memory=cfg.vllm_gpu_memory, devices=devices,
+                              pushes=procs.main or not cfg.servers)
+
+
+def publisher(cfg: TrainConfig, procs: Processes, model, generator,
+              served: ServedPolicy | None) -> Callable[[], float | None]:
+    """A push: the generator (FSDP's whole copy, or `model` itself) and the servers take the weights just
+    updated; it returns the servers' sync seconds (None without servers)."""
+    def push() -> float | None:
+        procs.sync(model, generator)
+        if served is None:
+            return None
+        seconds = served.sync(generator)
+        if cfg.servers:  # shared servers: process 0 pushes while the others wait
+            procs.wait()
+        return seconds
+    return push
+
+
+def step_tasks(cfg: TrainConfig, pool: list, step: int) -> list:
+    """GRPO step `step`'s units: drawn from (seed, step) alone, so a resumed run draws them again."""
+    return random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step)
+
+
+def heartbeat(say: Callable[[str], None], what: str, every_s: float = 30.0) -> Callable[[int, int], None]:
+    """An engine `on_step` that reports progress at most every `every_s` seconds."""
+    last = [time.perf_counter()]
+
+    def on_step(waiting: int, tokens: int) -> None:
+        if time.perf_counter() - last[0] >= every_s:
+            last[0] = time.perf_counter()
+            say(f"  {what}: {waiting} episode(s) still playing, {tokens} tokens generated")
+    return on_step
