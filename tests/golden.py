@@ -127,6 +127,33 @@ def train(toml: Path, root: Path, name: str, *extra: str) -> None:
     assert code == 0, f"envace train {toml.name} {name}: exit {code}"
 
 
+def configs(repo: Path) -> dict[str, dict]:
+    """Every `[rollout]` and `[train]` table of `experiments/*.toml`, and the fixture run's stored config, as the
+    code resolves them (a model absent from this machine read as `tiny`, as `test_train` checks them)."""
+    from dataclasses import asdict
+
+    from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, load_toml
+
+    out = {}
+    for path in sorted((repo / "experiments").glob("*.toml")):
+        raw = load_toml(path)
+        for table, cls in (("rollout", RolloutConfig), ("train", TrainConfig)):
+            if table in raw:
+                data = dict(raw[table])
+                if data.get("model", "default") not in ("default", "tiny"):
+                    data["model"] = "tiny"
+                out[f"{path.name} [{table}]"] = json.loads(json.dumps(asdict(cls.from_dict(data)), default=str))
+    stored = json.loads((FIXTURE / "store" / "cut" / "run.json").read_text())["config"]
+    stored["rollout"] = {k: v for k, v in stored["rollout"].items() if k not in TRAINER_OWNED}  # the trainer's
+    out["fixture run.json"] = json.loads(json.dumps(asdict(TrainConfig.from_dict(stored)), default=str))
+    return out
+
+
+def write_configs() -> None:
+    (FIXTURE / "configs.json").write_text(json.dumps(configs(Path(__file__).resolve().parent.parent), indent=1,
+                                                     sort_keys=True) + "\n")
+
+
 def write() -> None:
     """Run the golden runs with the code as it is and write the fixture."""
     import tempfile
@@ -148,4 +175,4 @@ def write() -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    write()
+    write_configs() if sys.argv[1:] == ["configs"] else write()

@@ -42,3 +42,18 @@ def test_the_golden_runs_have_a_signal_to_lose():
     sync = EXPECTED["sync"]
     assert any(m[3] == "signal_groups" and m[4] > 0 for m in sync["metrics"])
     assert any(m[3] == "rows_backpropagated" and m[4] > 0 for m in sync["metrics"])
+
+
+def test_every_config_resolves_as_the_earlier_release_resolved_it():
+    """Every `[rollout]` / `[train]` table under experiments/ and the stored config of the earlier release's run
+    give the very settings they gave before (`tests/fixtures/golden/configs.json`; a TOML edited on purpose
+    is re-snapshotted with `python tests/golden.py configs`)."""
+    from pathlib import Path
+
+    from golden import configs
+
+    expected = json.loads((FIXTURE / "configs.json").read_text())
+    got = configs(Path(__file__).resolve().parent.parent)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name] == expected[name], name
