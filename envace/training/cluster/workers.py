@@ -2,7 +2,8 @@
 
 Both are plain classes (`ray.remote` wraps them in `driver.py`), and both build what they need from the
 config alone: the base model by name, the benchmark from its installed package. What the learner
-produces (a policy version, optimiser state, the checkpoint's files) is returned as values.
+produces (a policy version, optimiser state, the checkpoint's files) is returned as values, and every tensor in
+them on the CPU (`to_host`): the driver holds no CUDA tensor.
 """
 
 from __future__ import annotations
@@ -27,6 +28,21 @@ from envace.training.pool import grpo_pool, seen_groups
 from envace.training.served import ServedPolicy
 from envace.training.setup import build_policy, heartbeat
 from envace.training.sft import warm_up
+
+
+def to_host(obj: Any) -> Any:
+    """`obj` with every tensor in it (through dicts, lists and tuples) moved to the CPU: what a rank returns to the
+    driver. The driver may run on a node without a GPU (it saves `state.pt`), and on one with a GPU it would
+    otherwise hold every kept policy version (`max_staleness` + 1 of them) in that GPU's memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to("cpu")
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_host(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_host(v) for v in obj)
+    return obj
 
 
 def _node() -> str:
@@ -61,6 +77,8 @@ class ActorWorker:
         return _node(), os.getpid()
 
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        """Version `version`, sent as CPU tensors: `RolloutActor.load` copies each into its parameter (`copy_`, onto
+        the generator's device), so no CPU copy outlives the call."""
         return self.actor.load(weights, version)
 
     def close(self) -> None:
@@ -124,19 +142,25 @@ class LearnerRank:
         logged: list[tuple[int, dict[str, float]]] = []
         summary = warm_up(self.cfg, self.policy, self.learner, lambda step, values: logged.append((step, values)),
                           self._say)
-        return summary, logged
+        return to_host((summary, logged))
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
-        return self.learner.update(rows, advantages)
+        return to_host(self.learner.update(rows, advantages))
 
     def weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy version to publish, on the CPU (`to_host`); rank 0's (every rank must call under FSDP)."""
         weights = self.learner.weights()
-        return weights if self.rank == 0 else None
+        return to_host(weights) if self.rank == 0 else None
 
     def state(self) -> dict | None:
-        return self.learner.state()
+        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them."""
+        return to_host(self.learner.state())
 
     def load(self, state: dict) -> None:
+        """Take the state the driver sends (CPU tensors) onto this rank's device: `load_state_dict` copies the
+        weights into the parameters, `Optimizer.load_state_dict` casts each moment to its parameter's device
+        (its `step` counters stay where torch keeps them, on the CPU, unless the optimiser is capturable), and
+        FSDP's `set_*_state_dict` scatters them into the shards; nothing of the driver's copy is kept."""
         self.learner.load(state)
 
     def checkpoint(self) -> dict[str, bytes] | None:
