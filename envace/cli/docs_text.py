@@ -223,7 +223,7 @@ tests/         fast tests on a tiny in-process model; slow ones on the real defa
 docs/          what-runs-today.md, commands.md and layout.md (this page; both written by `make docs`),
                architecture.md, environments.md (your own environment), benchmarks.md (measured speed,
                reliability), results.md (research results),
-               log/ (results-earlier.md: the runs before the controlled study),
+               log/ (superseded measurements and earlier results, kept as they were written),
                figures/, screenshots/ (each app tab on a default-model store, saved by the browser test),
                notebooks/ (HTML)
 ```
