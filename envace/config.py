@@ -391,6 +391,8 @@ class RayConfig(Config):
     def validate(self) -> None:
         at_least(self, 1, "actors", "learners")
         at_least(self, 0, "actor_cpus", "actor_gpus", "learner_cpus", "learner_gpus", "max_restarts")
+        if self.learner_gpus != int(self.learner_gpus):  # one NCCL rank per GPU; a share of one is no rank's
+            raise UsageError(f"learner_gpus: a learner rank takes whole GPUs (0, 1, …), got {self.learner_gpus!r}")
         if self.placement_timeout_s <= 0:
             raise UsageError(f"placement_timeout_s: must be > 0, got {self.placement_timeout_s!r}")
 
@@ -532,6 +534,9 @@ class TrainConfig(Config):
         if self.ray.address and self.ray.learners > self.tasks_per_step:
             raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need tasks_per_step >= "
                              f"{self.ray.learners} (each updates on whole groups)")
+        if self.rollout.backend == "vllm" and self.ray.actor_gpus != int(self.ray.actor_gpus):
+            raise UsageError(f"ray.actor_gpus: an actor's vLLM server takes whole GPUs (its tensor-parallel size), "
+                             f"got {self.ray.actor_gpus!r}")
         if self.ray.address and self.servers:
             raise UsageError("servers: under Ray each actor starts the vLLM server it generates with "
                              "(rollout.backend = vllm); drop servers")

@@ -10,6 +10,7 @@ every step it stored and leaves its run marked `interrupted`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -317,14 +318,14 @@ def _resume_run(root: Path, name: str, cfg: TrainConfig) -> Run:
 
 def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = None, resume: str | None = None,
               reporter: Reporter | None = None) -> tuple[Run, dict[str, Any]]:
-    """SFT then role-wise GRPO (`training/train.py`) into a new run, or `resume` a stored one exactly.
+    """SFT then role-wise GRPO (`training/loop.py`) into a new run, or `resume` a stored one exactly.
 
     Under `accelerate launch` / `torchrun` every process calls this with the same `name`: process 0
     creates (or reopens) the run, the others join it.
     """
     from envace.training.distributed import launch_position, wait_for
     from envace.training.fsdp import launcher_fsdp
-    from envace.training.train import train
+    from envace.training.loop import train
 
     reporter = reporter or Reporter()
     root = Path(root)
@@ -335,10 +336,12 @@ def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = No
     cluster, trainer = contextlib.nullcontext(), train
     if cfg.ray.address:  # actors and learner ranks placed by Ray; this process drives them and writes the run
         from envace.training.cluster.driver import train_on_ray
-        from envace.training.cluster.placement import joined
+        from envace.training.cluster.placement import reserved
 
-        cluster, trainer = joined(cfg.ray.address, reporter.say), train_on_ray
-    with cluster:  # joined before a run exists: a cluster that does not answer leaves none
+        cluster = reserved(cfg, reporter.say)
+    with cluster as placement:  # joined, placed and every node checked before a run exists: a refusal leaves none
+        if placement is not None:
+            trainer = functools.partial(train_on_ray, placement=placement)
         if rank > 0:
             wait_for(root / (resume or name) / "run.json")
             run = Run(root, resume or name)

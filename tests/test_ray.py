@@ -1,5 +1,5 @@
 """Actors and a learner placed by Ray (`[train.ray]`, `envace/training/cluster/`), on a real Ray cluster of two
-nodes simulated on this machine (`ray.cluster_utils.Cluster`, loopback).
+nodes simulated on this machine (`ray_cluster.loopback_cluster`).
 
 The cluster's worker processes start with `tests/ray_workers` on their PYTHONPATH: the tiny model's messages
 are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ray_cluster import loopback_cluster
 from replay import same, stored
 from safetensors.torch import load_file
 
@@ -34,21 +35,12 @@ TWO_NODES = ["--set", "ray.actors=2", "--set", "ray.actor_placement=STRICT_SPREA
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from ray.cluster_utils import Cluster
-
     runs = tmp_path_factory.mktemp("ray-runs")
-    keys = ("PYTHONPATH", "ENVACE_TEST_HALF_GOLD", "ENVACE_TEST_FORBIDDEN")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(PYTHONPATH=os.pathsep.join(p for p in (str(HOOKS), saved["PYTHONPATH"]) if p),
-                      ENVACE_TEST_HALF_GOLD="1", ENVACE_TEST_FORBIDDEN=str(runs))
-    try:  # the nodes' raylets keep this environment for every worker they start
-        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-        nodes.add_node(num_cpus=2)
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    yield nodes.address, runs
-    nodes.shutdown()
+    # the nodes' raylets keep this environment for every worker they start
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p),
+           "ENVACE_TEST_HALF_GOLD": "1", "ENVACE_TEST_FORBIDDEN": str(runs)}
+    with loopback_cluster({"num_cpus": 2, "env_vars": env}, {"num_cpus": 2, "env_vars": env}) as (address, _):
+        yield address, runs
 
 
 def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
@@ -149,6 +141,7 @@ def test_a_placement_the_cluster_cannot_satisfy_is_one_line(cluster, capsys):
     assert _train(address, runs, "spread", 1, "--set", "ray.actors=3", "--set", "ray.actor_cpus=0.5",
                   "--set", "ray.actor_placement=STRICT_SPREAD") == 2
     assert "the cluster has 2" in capsys.readouterr().err
+    assert not (runs / "greedy").exists() and not (runs / "spread").exists()  # refused before a run folder exists
 
 
 def test_a_ray_address_that_does_not_answer_is_one_line(tmp_path, capsys):

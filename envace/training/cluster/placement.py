@@ -3,7 +3,8 @@
 Two placement groups: the actors' (spread as `actor_placement` says: STRICT_SPREAD puts one per node) and the
 learner ranks' (PACK: a collective is fastest between ranks on one node). Both are checked against the
 cluster's resources before they are asked for, so an impossible placement is refused at once instead of
-waiting for resources that will never come.
+waiting for resources that will never come. `reserved` joins, places and checks every node the placement
+uses (`nodes.check`) before the caller creates the run folder, so no refusal leaves a run behind.
 """
 
 from __future__ import annotations
@@ -14,8 +15,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from envace.config import RayConfig
+from envace.config import RayConfig, TrainConfig
 from envace.errors import UsageError
+
+
+@contextmanager
+def reserved(cfg: TrainConfig, say: Callable[[str], None]) -> Iterator[Placement]:
+    """Joined to the cluster with the run's placement reserved and every node it uses checked, for the block;
+    placement removed and cluster left after it. Every refusal (`UsageError`) comes before the block runs."""
+    from envace.training.cluster import nodes
+
+    with joined(cfg.ray.address, say):
+        placement = place(cfg.ray, cfg.rollout.backend)
+        try:
+            nodes.check(cfg, *placement.nodes(), timeout_s=cfg.ray.placement_timeout_s)
+            yield placement
+        finally:
+            placement.remove()
 
 
 @contextmanager
@@ -81,6 +97,16 @@ class Placement:
 
         return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
 
+    def nodes(self) -> tuple[list[str], list[str]]:
+        """(the Ray node id of each actor's bundle, of each learner rank's bundle), once the groups are ready."""
+        from ray.util.placement_group import placement_group_table
+
+        def where(group: Any) -> list[str]:
+            table = placement_group_table(group)["bundles_to_node_id"]
+            return [table[i] for i in sorted(table)]
+
+        return where(self.actors), where(self.learners)
+
     def remove(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
@@ -88,12 +114,17 @@ class Placement:
             remove_placement_group(group)
 
 
-def place(rc: RayConfig) -> Placement:
-    """Reserve `rc.actors` actor bundles and `rc.learners` learner bundles, or refuse in one line (UsageError)."""
+def place(rc: RayConfig, backend: str = "hf") -> Placement:
+    """Reserve `rc.actors` actor bundles and `rc.learners` learner bundles, or refuse in one line (UsageError).
+    `backend`: the actors' generation backend (`rollout.backend`)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     have = ray.cluster_resources()
+    if backend == "vllm" and not rc.actor_gpus and have.get("GPU", 0):
+        raise UsageError(f"[train.ray] actor_gpus: rollout.backend = vllm on a cluster with {have['GPU']:g} GPU "
+                         "needs ray.actor_gpus = 1 or more (whole GPUs): with 0 each actor's vLLM server would "
+                         "take a GPU Ray does not account for")
     nodes = len([n for n in ray.nodes() if n["Alive"]])
     for kind in ("CPU", "GPU"):
         per_actor, per_rank = (rc.actor_cpus, rc.learner_cpus) if kind == "CPU" else (rc.actor_gpus, rc.learner_gpus)

@@ -1,0 +1,122 @@
+"""A `[train.ray]` run is refused in one line, exit 2, before its run folder exists: GPU shares that NCCL ranks and
+vLLM cannot use, a placement the cluster cannot hold, and a node that differs from the driver's machine.
+
+The cluster is real: two Ray nodes on loopback (`ray.cluster_utils.Cluster`), each with one GPU's worth of Ray
+resource (the GPUs are never touched: every run here is refused before anything loads). The second node is
+another installation: its workers import envace from a copy of the package (their raylet's PYTHONPATH, as a node
+whose project lives elsewhere), a project root without `.venv-vllm`, and read an HF cache of their own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from ray_cluster import loopback_cluster
+
+from envace.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "experiments" / "smoke.toml")
+# an actor on each node (their nodes are the ones checked), a learner rank beside one of them
+SPREAD = ["ray.actors=2", "ray.actor_placement=STRICT_SPREAD", "ray.actor_cpus=0.5", "ray.learner_cpus=0.5",
+          "grpo_steps=1"]
+
+
+def _refused(capsys, root: Path, address: str, *settings: str) -> str:
+    """The one line a refused `envace train --ray ADDRESS` printed; the run root holds no run folder."""
+    assert main(["train", SMOKE, "--root", str(root), "--ray", address,
+                 *(a for s in settings for a in ("--set", s))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert not root.exists() or not any(root.iterdir()), sorted(p.name for p in root.iterdir())
+    return err[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:  # a port nothing listens on: joining it would be refused too, but later
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("settings, says", [
+    (["ray.learner_gpus=0.5"], "ray.learner_gpus: a learner rank takes whole GPUs"),
+    (["rollout.backend=vllm", "ray.actor_gpus=1.5"], "ray.actor_gpus: an actor's vLLM server takes whole GPUs"),
+])
+def test_gpu_shares_no_rank_or_server_can_use_are_refused_by_the_config(tmp_path, capsys, settings, says):
+    line = _refused(capsys, tmp_path / "runs", f"127.0.0.1:{_closed_port()}", *settings)
+    assert says in line
+
+
+def _hf_cache(root: Path, repo: str | None) -> Path:
+    """An HF hub cache holding `repo`'s config.json, as a download leaves it (None: an empty cache)."""
+    if repo is not None:
+        folder, revision = root / f"models--{repo.replace('/', '--')}", "0" * 40
+        (folder / "snapshots" / revision).mkdir(parents=True)
+        (folder / "snapshots" / revision / "config.json").write_text("{}")
+        (folder / "refs").mkdir()
+        (folder / "refs" / "main").write_text(revision)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(address, the second node's Ray node id, its copy of the envace package, the first node's HF cache)."""
+    here = tmp_path_factory.mktemp("nodes")
+    other = here / "other-project"
+    shutil.copytree(REPO / "envace", other / "envace", ignore=shutil.ignore_patterns("__pycache__"))
+    head_cache, other_cache = _hf_cache(here / "hf-head", "envace-test/tiny"), _hf_cache(here / "hf-other", None)
+    gpu = {"num_cpus": 2, "num_gpus": 1}
+    with loopback_cluster({**gpu, "env_vars": {"HF_HUB_CACHE": str(head_cache)}},
+                          {**gpu, "env_vars": {"PYTHONPATH": str(other), "HF_HUB_CACHE": str(other_cache)}}) \
+            as (address, (_, second)):
+        yield address, second, other / "envace", head_cache
+
+
+@pytest.fixture
+def driver(cluster, tmp_path, monkeypatch):
+    """The cluster's address, with this process where a user's driver would be: outside the project (Ray puts the
+    driver's working directory first on every worker's path, which would hide the second node's own copy)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ENVACE_VLLM_PYTHON", raising=False)
+    return cluster[0]
+
+
+def test_a_placement_the_cluster_cannot_hold_leaves_no_run_folder(driver, tmp_path, capsys):
+    line = _refused(capsys, tmp_path / "runs", driver, "ray.actor_gpus=4")
+    assert "4 GPU" in line and "the cluster has 2" in line
+
+
+def test_vllm_actors_without_gpus_on_a_cluster_with_gpus_are_refused(driver, tmp_path, capsys):
+    line = _refused(capsys, tmp_path / "runs", driver, "rollout.backend=vllm", "ray.actor_gpus=0")
+    assert "ray.actor_gpus = 1 or more" in line and "Ray does not account for" in line
+
+
+def test_a_node_without_the_vllm_environment_is_named(driver, cluster, tmp_path, capsys):
+    line = _refused(capsys, tmp_path / "runs", driver, "rollout.backend=vllm", "ray.actor_gpus=1", *SPREAD)
+    assert f"({cluster[1][:8]}) hosts a vLLM actor but has no vLLM environment at " in line
+    assert "other-project/.venv-vllm/bin/python" in line and line.count("hosts a vLLM actor") == 1
+
+
+def test_a_node_running_other_code_is_named(driver, cluster, tmp_path, capsys):
+    changed = cluster[2] / "config.py"
+    original = changed.read_text()
+    changed.write_text(original + "# edited on one node only\n")
+    try:
+        line = _refused(capsys, tmp_path / "runs", driver, *SPREAD)
+    finally:
+        changed.write_text(original)
+    assert f"({cluster[1][:8]}) runs other code ({cluster[2]}, version " in line
+    assert line.count("runs other code") == 1
+
+
+def test_a_model_missing_on_a_node_is_named(driver, cluster, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cluster[3]))  # the driver's cache is the first node's
+    line = _refused(capsys, tmp_path / "runs", driver, "model=envace-test/tiny", *SPREAD)
+    assert f"({cluster[1][:8]}) cannot load the model: model 'envace-test/tiny' is neither" in line
+    assert line.count("cannot load the model") == 1
