@@ -1,4 +1,5 @@
-"""Servers launched at once on one machine get ports of their own: no real vLLM, a stand-in that never binds.
+"""Servers launched at once on one machine get ports of their own, and die with the process that launched them:
+no real vLLM, a stand-in that never binds.
 
 `vllm.launch` runs `ENVACE_VLLM_PYTHON`; here that is a shell script logging its arguments and `VLLM_PORT`, then
 sleeping like a server still importing (vLLM binds its HTTP port only after seconds of imports, its own ports
@@ -8,9 +9,11 @@ later still): the window in which another launch could pick the same ports.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +35,22 @@ server = vllm.launch(sys.argv[2], "base", log_dir=Path(sys.argv[3]), gpu_memory=
 print(server.url, flush=True)
 sys.stdin.read()  # the launching process lives on as a trainer does, holding its reservation
 server.stop()
+"""
+
+# A trainer with its server: started in a session of its own, so the test can signal its group as a terminal would.
+TRAINER = """
+import sys
+from pathlib import Path
+from envace.policy import vllm
+vllm.on_gpu = lambda: False
+vllm.RESERVATIONS = Path(sys.argv[3])
+server = vllm.launch(sys.argv[1], "base", log_dir=Path(sys.argv[2]), gpu_memory=0.5)
+print(server.process.pid, flush=True)
+try:
+    sys.stdin.read()
+except KeyboardInterrupt:  # the terminal's Ctrl-C: this process stops its server itself, once it is done
+    print("server answering" if server.alive() else "server gone", flush=True)
+    server.stop()
 """
 
 
@@ -91,3 +110,40 @@ def test_a_reserved_port_is_refused_until_released_and_a_dead_launchers_ports_ar
     vllm.RESERVATIONS.write_text(json.dumps({"1": int(dead.stdout)}))
     with vllm._reservations() as held:
         assert held == {}  # its process is gone: so is its reservation
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie nobody has reaped yet does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _trainer(stand_in, tmp_path) -> tuple[subprocess.Popen, int]:
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(stand_in), str(tmp_path / "logs"),
+                                str(vllm.RESERVATIONS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    return trainer, int(trainer.stdout.readline())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_server_dies_with_the_process_that_started_it_and_outlives_a_ctrl_c_to_it(stand_in, tmp_path):
+    trainer, server = _trainer(stand_in, tmp_path)
+    try:
+        os.killpg(trainer.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole foreground group
+        assert trainer.stdout.readline().strip() == "server answering"
+        assert trainer.wait(30) == 0 and not _running(server)  # stopped by the trainer itself
+    finally:
+        trainer.kill()
+    trainer, server = _trainer(stand_in, tmp_path)
+    try:
+        trainer.kill()  # SIGKILL: no Python code of the trainer runs again
+        trainer.wait(30)
+        deadline = time.time() + 5
+        while _running(server) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _running(server), f"server {server} outlived the process that started it"
+    finally:
+        if _running(server):
+            os.kill(server, signal.SIGKILL)

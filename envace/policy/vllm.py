@@ -13,17 +13,24 @@ weights reloaded (`/collective_rpc reload_weights`, dev mode); either is followe
 Several servers may start at once on one machine (one per process of a distributed run): every launch
 reserves its HTTP port and a block of ports for vLLM's own (`VLLM_PORT`) under a lock shared by the
 processes of this user (`reserve_ports`), so no two launches pick the same port before either binds it.
+
+A server started here dies with the process that started it (`_launch_child`): a Ray actor killed mid-step, or
+a trainer killed by its scheduler, leaves no server holding a GPU behind.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +50,8 @@ TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"  # Debian's libt
 # `_get_open_port`, `get_open_ports_list`): a block this wide per server keeps one server's from another's.
 PORT_SPAN = 16
 RESERVATIONS = Path(tempfile.gettempdir()) / f"envace-vllm-ports-{os.getuid()}.json"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_CHILDREN: set[subprocess.Popen] = set()  # servers this process started and has not stopped
 
 
 def python() -> Path:
@@ -226,13 +235,8 @@ class Server:
                 + " | ".join(self.log_tail(4).splitlines()))
 
     def stop(self, grace_s: float = 20.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            _stop_child(self.process, grace_s)
         release_ports(self.ports)
         self.ports = []
 
@@ -348,12 +352,59 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"vllm-{port}.log"
         with log_path.open("w") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, start_new_session=True)
+            process = _launch_child(command, log, env)
     except BaseException:
         release_ports(ports)
         raise
     return Server(f"http://{host}:{port}/v1", name, process, log_path, command, ports)
+
+
+def _launch_child(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:
+    """Start a server as a child that dies with this process, out of reach of the terminal's Ctrl-C.
+
+    Its own process group (not a session of its own, which would also detach it from this process's fate): a
+    Ctrl-C reaches the terminal's foreground group only, so the server keeps answering while this process stops
+    on its own terms (ending its requests, storing what it has, then `Server.stop`) instead of failing
+    mid-request because the server quit first. The kernel sends the server SIGTERM, vLLM's own clean shutdown
+    of its engine processes, when the thread that started it ends (`PR_SET_PDEATHSIG`; only the main thread's
+    end is this process's end, so only its launches ask for it); an exit through Python stops what is left
+    (`_stop_children`)."""
+    preexec = None
+    if sys.platform == "linux" and threading.current_thread() is threading.main_thread():
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
+
+        def preexec() -> None:  # in the child, between fork and exec: no allocation-heavy work
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != parent:  # the parent died before the line above: no signal will come
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                               process_group=0, preexec_fn=preexec)
+    _CHILDREN.add(process)
+    return process
+
+
+def _stop_child(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL to the whole group (vLLM's engine processes too) after `grace_s`."""
+    _CHILDREN.discard(process)
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+@atexit.register
+def _stop_children() -> None:
+    """Servers still running when this process exits through Python (an exception, `sys.exit`, a launch from a
+    thread that asked for no death signal): stopped before it ends."""
+    for process in list(_CHILDREN):
+        _stop_child(process, grace_s=10.0)
 
 
 def start(model_dir: str | Path, name: str = "base", port: int | None = None, host: str = "127.0.0.1",
