@@ -531,6 +531,15 @@ class TrainConfig(Config):
             raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
                              "vllm_importance_cap (truncated importance sampling against the sampler's log-probs, "
                              "e.g. 2.0)")
+        if self.vllm_importance_cap is not None:  # the weights are exact only on the raw distribution (grpo.aligned)
+            sampled = {"rollout.temperature": self.rollout.temperature, "rollout.top_p": self.rollout.top_p}
+            if "rehearser" in self.trained_roles and self.rollout.rehearser.temperature is not None:
+                sampled["rollout.rehearser.temperature"] = self.rollout.rehearser.temperature
+            for name, value in sampled.items():
+                if value != 1.0:
+                    raise UsageError(f"{name}: vllm_importance_cap weighs each sampled token against the model's "
+                                     f"raw distribution (temperature 1, top_p 1), not one sampled at {value}: "
+                                     "sample the trained roles at 1, or unset vllm_importance_cap")
         if self.ray.address and self.ray.learners > self.tasks_per_step:
             raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need tasks_per_step >= "
                              f"{self.ray.learners} (each updates on whole groups)")

@@ -56,8 +56,8 @@ def generation_row(ep: Episode, g: Generated) -> dict[str, Any]:
             "call_index": g.call_index, "user_message": g.user_message, "prompt_len": g.prompt_len,
             "prompt_ids": g.prompt_ids, "completion_ids": g.gen.ids, "completion_text": g.gen.text,
             "finish": g.gen.finish, "n_calls": g.n_calls, "parse_error": g.parse_error, "parse_detail": g.parse_detail,
-            "logprobs": g.gen.logprobs, "reward": g.reward, "advantage": g.advantage, "trained": g.trained,
-            "policy_version": g.policy_version}
+            "logprobs": g.gen.logprobs, "temperature": g.gen.temperature, "top_p": g.gen.top_p, "reward": g.reward,
+            "advantage": g.advantage, "trained": g.trained, "policy_version": g.policy_version}
 
 
 @contextlib.contextmanager

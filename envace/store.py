@@ -78,6 +78,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("parse_error", pa.string()),     # None, or an error kind from envace.formats
         ("parse_detail", pa.string()),
         ("logprobs", pa.list_(pa.float32())),  # the sampled tokens' log-probabilities, when the backend gave them
+        ("temperature", pa.float64()),    # what it was sampled at (0: greedy); NULL in older shards
+        ("top_p", pa.float64()),          # its nucleus mass; NULL in older shards
         ("reward", pa.float64()),         # the reward this row's role got for the episode (envace.rewards)
         ("advantage", pa.float64()),      # the role-wise GRPO advantage the update used; None outside training
         ("trained", pa.bool_()),          # whether the update trained on this row

@@ -1,3 +1,5 @@
+import pytest
+
 from envace.policy.backend import SamplingParams
 from envace.policy.hf import HFBackend
 from envace.policy.prefix_cache import PrefixCache
@@ -79,3 +81,21 @@ def test_the_strategy_follows_the_device(tiny):
         config = model.config
 
     assert HFBackend(OnAccelerator(), tok).caches is None
+
+
+def test_each_generation_records_the_sampling_parameters_it_was_drawn_at(tiny, tmp_path):
+    """The sampler stamps every generation with its temperature and top-p (greedy: temperature 0), the training rows
+    carry them to the learner (`grpo.aligned`), and the store keeps them per generation."""
+    from envace.cli import main
+    from envace.engine.sampler import Sampler
+    from envace.store import connect
+
+    model, tok = tiny
+    sampler = Sampler(HFBackend(model, tok), temperature=0.7, top_p=0.9, seed=1)
+    assert {(g.temperature, g.top_p) for g in sampler(_prompts(tok), 4)} == {(0.7, 0.9)}
+    assert {(g.temperature, g.top_p) for g in sampler(_prompts(tok), 4, greedy=True)} == {(0.0, 0.9)}
+    assert main(["rollout", "--model", "tiny", "--mode", "real+shadow", "--limit", "1", "--max-new-tokens", "4",
+                 "--max-steps-per-turn", "1", "--temperature", "0.5", "--top-p", "0.8", "--root", str(tmp_path),
+                 "--run-name", "warm"]) == 0
+    stored = connect(tmp_path).execute("SELECT DISTINCT role, temperature, top_p FROM generations").fetchall()
+    assert stored and all(t == 0.5 and p == pytest.approx(0.8) for role, t, p in stored if role == "caller"), stored

@@ -91,3 +91,19 @@ def test_a_resumed_run_goes_on_across_versions_but_not_across_designs(tmp_path):
     _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5))  # grpo_steps may grow
     with pytest.raises(UsageError, match="'old' was not trained with this config"):
         _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5, lr=1e-3))
+
+
+@pytest.mark.parametrize("setting", ["rollout.temperature=0.7", "rollout.top_p=0.9", "rollout.rehearser.temperature=0"])
+def test_importance_sampling_away_from_temperature_1_is_one_line_before_a_run_folder(tmp_path, capsys, setting):
+    """vllm_importance_cap weighs tokens against the model's raw distribution (`grpo.aligned`): sampling the trained
+    roles at another temperature or top-p is refused when the config is read."""
+    from envace.cli import main
+
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "r",
+                 "--set", "vllm_importance_cap=2.0", "--set", setting]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and setting.split("=")[0] in err[0] and "vllm_importance_cap" in err[0], err
+    assert not (tmp_path / "r").exists()
+    # a rehearser sampled at its own temperature is fine where it is not trained (real_env: the caller alone)
+    assert "rehearser" not in TrainConfig.from_dict({"vllm_importance_cap": 2.0, "variant": "real_env",
+                                                     "rollout": {"rehearser": {"temperature": 0.0}}}).trained_roles

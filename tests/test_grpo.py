@@ -202,3 +202,61 @@ def test_each_algorithm_takes_the_gradient_of_its_own_formula(tiny, name):
         model.zero_grad()
         backward(model, rows, advantages, tok.pad_token_id, algorithm=ALGORITHMS["token_mean"]())
         assert not all(torch.allclose(g, p.grad, atol=1e-6, rtol=1e-4) for g, p in zip(got, params, strict=True))
+
+
+def _grads_of(model, rows, advantages, **kw):
+    model.zero_grad()
+    stats = backward(model, rows, advantages, 0, **kw)
+    return stats, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_behaviour_one_token_short_is_aligned_on_its_prefix(tiny):
+    """A served backend that appends the stop token itself leaves the behaviour log-probs one short: the prefix is
+    still token by token (its importance weights e^Δ apply), and only the stop token goes without one (weight 1,
+    counted). Reference: the same row with the stop token's behaviour log-prob set to the trainer's own (Δ = 0)."""
+    model, _ = tiny
+    row = Row("A", "caller", [1, 5, 7, 9], [9, 11, 12, 4], 1.0)
+    with torch.no_grad():
+        own = [t.item() for t in _own_logprobs(model, row)]
+    prefix = [o - 0.5 for o in own[:-1]]  # e^0.5 ≈ 1.65 per token, under the cap of 2
+    reference = Row("A", "caller", row.prompt_ids, row.completion_ids, 1.0, prefix + [own[-1]])
+    short = Row("A", "caller", row.prompt_ids, row.completion_ids, 1.0, prefix)
+    unweighted = Row("A", "caller", row.prompt_ids, row.completion_ids, 1.0)
+    stats, got = _grads_of(model, [short], [1.0], importance_cap=2.0)
+    _, want = _grads_of(model, [reference], [1.0], importance_cap=2.0)
+    _, plain = _grads_of(model, [unweighted], [1.0], importance_cap=2.0)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True))
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, plain, strict=True))  # not every weight 1
+    assert stats["logprob_gap"] == pytest.approx(0.5, abs=1e-4) and stats["behaviour_missing_tokens"] == 1
+
+
+@pytest.mark.parametrize("extra", [[-1.0], [], [-1.0, -2.0]], ids=["one-long", "two-short", "three-long"])
+def test_behaviour_of_another_length_is_refused_naming_the_row(tiny, extra):
+    model, _ = tiny
+    completion = [9, 11, 12]
+    behaviour = ([-1.0] * len(completion) + extra) if extra else [-1.0]  # two short when extra is []
+    rows = [Row("A", "caller", [1, 5], [9], 1.0, [-1.0]),
+            Row("task-7", "rehearser", [1, 5], completion, 0.0, behaviour)]
+    with pytest.raises(ValueError, match=rf"row 1 \(task task-7, rehearser\): {len(behaviour)} behaviour log-probs "
+                                         rf"for {len(completion)} completion tokens"):
+        backward(model, rows, [1.0, -1.0], 0)
+
+
+def test_importance_sampling_refuses_rows_sampled_away_from_the_learners_distribution(tiny):
+    """The behaviour log-probs and the learner's log π are both of the model's raw distribution (temperature 1, no
+    top-p), so truncated importance sampling is exact only on tokens sampled from it: a row sampled at another
+    temperature or top-p is refused, not weighted against the wrong distribution. Without importance sampling the
+    log-probs only measure the engines' gap, and such rows train."""
+    from envace.errors import UsageError
+
+    model, _ = tiny
+    ok = Row("A", "caller", [1, 5], [9, 11], 1.0, [-1.0, -1.0], temperature=1.0, top_p=1.0)
+    warm = Row("A", "caller", [1, 5], [9, 12], 0.0, [-1.0, -1.0], temperature=0.7, top_p=1.0)
+    nucleus = Row("B", "rehearser", [1, 5], [9, 12], 0.0, [-1.0, -1.0], temperature=1.0, top_p=0.9)
+    backward(model, [ok], [1.0], 0, importance_cap=2.0)
+    with pytest.raises(UsageError, match=r"row 1 \(task A, caller\) was sampled at temperature 0.7"):
+        backward(model, [ok, warm], [1.0, -1.0], 0, importance_cap=2.0)
+    with pytest.raises(UsageError, match=r"row 0 \(task B, rehearser\) was sampled at .*top_p 0.9"):
+        backward(model, [nucleus], [1.0], 0, importance_cap=2.0)
+    stats = backward(model, [ok, warm, nucleus], [1.0, -1.0, 0.5], 0)
+    assert stats["rows_backpropagated"] == 3

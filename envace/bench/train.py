@@ -174,14 +174,15 @@ def stored_step_rows(root, run_id: str, steps: int) -> list[tuple[list[Row], lis
                                [run_id]).fetchall())
     found = con.execute(
         "SELECT g.step, g.episode_id, g.role, g.prompt_len, g.prompt_ids, g.completion_ids, g.logprobs, e.task_uid, "
-        "g.reward, g.advantage FROM generations g JOIN episodes e USING (run_id, episode_id) WHERE g.run_id = ? "
-        "AND e.phase = 'grpo' AND g.advantage IS NOT NULL ORDER BY g.step, g.episode_id, g.turn, g.turn_step, "
-        "g.role, g.call_index", [run_id]).fetchall()
+        "g.reward, g.advantage, g.temperature, g.top_p FROM generations g JOIN episodes e USING (run_id, episode_id) "
+        "WHERE g.run_id = ? AND e.phase = 'grpo' AND g.advantage IS NOT NULL ORDER BY g.step, g.episode_id, g.turn, "
+        "g.turn_step, g.role, g.call_index", [run_id]).fetchall()
     by_step: dict[int, tuple[list[Row], list[float]]] = {}
-    for step, episode, role, plen, pids, cids, logprobs, task, reward, adv in found:
+    for step, episode, role, plen, pids, cids, logprobs, task, reward, adv, temperature, top_p in found:
         prompt = list(pids) if pids is not None else list(context[episode][:plen])  # a caller's, re-rendered or not
         rows, advantages = by_step.setdefault(step, ([], []))
-        rows.append(Row(task, role, prompt, list(cids), reward, list(logprobs) if logprobs is not None else None))
+        rows.append(Row(task, role, prompt, list(cids), reward, list(logprobs) if logprobs is not None else None,
+                        temperature, top_p))
         advantages.append(adv)
     if not by_step:
         raise UsageError(f"--from-run: run '{run_id}' has no stored GRPO rows with advantages under {root}")

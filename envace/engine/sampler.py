@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from envace.policy.backend import Backend, Generation, SamplingParams
 
@@ -12,7 +13,9 @@ class Sampler:
 
     Call k uses seed `seed * 1_000_003 + k`, so a rollout with the same seed and the same sequence of
     calls samples the same tokens: what makes a resumed training step replay exactly. Each call asks
-    for the sampled tokens' log-probabilities, which the store keeps with every generation.
+    for the sampled tokens' log-probabilities, which the store keeps with every generation, and stamps each
+    generation with the temperature and top-p it was sampled at (what its log-probs are read against:
+    `training.grpo.aligned`).
     """
 
     def __init__(self, backend: Backend, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> None:
@@ -37,7 +40,8 @@ class Sampler:
                                 top_p=self.top_p, seed=self.seed * 1_000_003 + self.calls, logprobs=True,
                                 frozen=frozen, tasks=tuple(tasks or ()))
         start = time.perf_counter()
-        gens = (backend or self.backend).generate(prompts, params)
+        gens = [replace(g, temperature=params.temperature, top_p=params.top_p)
+                for g in (backend or self.backend).generate(prompts, params)]
         self.generation_s += time.perf_counter() - start
         self.tokens += sum(len(g.ids) for g in gens)
         return gens

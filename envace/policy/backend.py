@@ -29,12 +29,16 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Generation:
-    """One completion: its token ids (through the stop token when it stopped), text and finish reason."""
+    """One completion: its token ids (through the stop token when it stopped), text and finish reason; the sampled
+    tokens' log-probabilities, and the temperature and top-p they were sampled at (`engine.sampler.Sampler` records
+    them; None when generated outside it). The learner reads both (`training.grpo.aligned`)."""
 
     ids: list[int]
     text: str
     finish: str  # "stop" (emitted the stop token) or "length" (hit max_new_tokens)
     logprobs: list[float] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 class Backend(Protocol):

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from envace.errors import UsageError
 from envace.training import flex_tree
 from envace.training import forward as fwd
 from envace.training.packing import Pack, build, sequence_pack
@@ -26,7 +27,8 @@ from envace.training.packing.tree import Restore
 @dataclass(frozen=True)
 class Row:
     """One generation: the unit of training. `behaviour` holds the log-probabilities the sampling backend gave
-    its tokens (a vLLM server's may differ slightly from the trainer's: see `policy_loss`)."""
+    its tokens (a vLLM server's may differ slightly from the trainer's: see `policy_loss`), and `temperature` and
+    `top_p` what it was sampled under (None: not recorded; `aligned` reads them)."""
 
     task_uid: str
     role: str
@@ -34,6 +36,46 @@ class Row:
     completion_ids: list[int]
     reward: float
     behaviour: list[float] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+
+
+def aligned(rows: list[Row], importance_cap: float | None = None) -> list[Row]:
+    """The rows, each one's behaviour log-probs b aligned token by token with its completion c, or one clear error.
+
+    Lengths. b[t] is the sampler's log-prob of c[t]. A served backend that appends the stop token itself (the
+    server stopped on it without returning it or its log-prob: `policy/remote.py`) leaves b one short: b[t] is
+    still c[t]'s for every t < |b|, and the stop token gets NaN, no behaviour log-prob: its importance weight is 1
+    (the on-policy value; its log-prob is unknown, not assumed), it is left out of the log-prob gap, and it is
+    counted in `behaviour_missing_tokens`. Any other length is refused (`ValueError` naming the row): weights of
+    1 on every token of the row would silently drop its correction.
+
+    Sampling parameters. b and the learner's log π (`forward.scored_logprobs`) are both of the model's raw
+    distribution, temperature 1 and no top-p (what vLLM and the HF backend report). So with importance sampling
+    (`importance_cap`), w = e^(log π − b) is the ratio π/q only for tokens sampled from q = that distribution; a
+    row sampled at another temperature or top-p was drawn from q' ≠ q, whose log-prob needs its normaliser over
+    the vocabulary, which is not stored: it cannot be corrected, and is refused (`UsageError`; `TrainConfig`
+    refuses such a setting before a run starts). A row whose parameters were not recorded (None: built by hand,
+    or read from a store written before they were) is taken as sampled at temperature 1. Without importance
+    sampling b only measures the engines' gap, and any row trains.
+    """
+    out = []
+    for i, row in enumerate(rows):
+        b, n = row.behaviour, len(row.completion_ids)
+        if b is None:
+            out.append(row)
+            continue
+        if len(b) not in (n, n - 1):
+            raise ValueError(f"row {i} (task {row.task_uid}, {row.role}): {len(b)} behaviour log-probs for {n} "
+                             "completion tokens; they must align token by token (the stop token's alone may be "
+                             "missing)")
+        if importance_cap is not None and (row.temperature not in (None, 1.0) or row.top_p not in (None, 1.0)):
+            raise UsageError(f"row {i} (task {row.task_uid}, {row.role}) was sampled at temperature "
+                             f"{row.temperature} and top_p {row.top_p}: importance sampling (vllm_importance_cap) "
+                             "weighs tokens against the model's raw distribution, so they must be sampled at "
+                             "temperature 1 and top_p 1")
+        out.append(row if len(b) == n else replace(row, behaviour=[*b, float("nan")]))
+    return out
 
 
 def role_advantages(rows: list[Row], scale_by_std: bool = False) -> list[float]:
@@ -111,28 +153,32 @@ def policy_loss(forwarded: fwd.Forwarded, pk: Pack, rows: list[Row], weights: li
     (the tree) is computed once and counted once per row. When another engine sampled the tokens (vLLM),
     its log-probs b differ slightly from the trainer's: with Δ = log π − b per token, the gap is reported
     as mean |Δ| and as a KL estimate E_b[e^Δ − 1 − Δ] ≥ 0 (Schulman's k3), and `importance_cap` turns on
-    truncated importance sampling, w = min(e^Δ, cap) without gradient (as TRL does).
+    truncated importance sampling, w = min(e^Δ, cap) without gradient (as TRL does). `rows` come `aligned`: a
+    token without a behaviour log-prob (NaN, or a row without any) has w = 1 and no Δ.
     """
     device = forwarded.logp.device
     node = torch.tensor(pk.entry_node, dtype=torch.long, device=device)
     logp = forwarded.logp[node]
     weight = torch.tensor([weights[r] for r in pk.entry_row], dtype=logp.dtype, device=device)
-    behaviour = torch.tensor([b[t] if (b := rows[r].behaviour) is not None and len(b) == len(rows[r].completion_ids)
-                              else float("nan") for r, t in zip(pk.entry_row, pk.entry_token, strict=True)],
-                             dtype=logp.dtype, device=device)
+    behaviour = torch.tensor([b[t] if (b := rows[r].behaviour) is not None else float("nan")
+                              for r, t in zip(pk.entry_row, pk.entry_token, strict=True)], dtype=logp.dtype,
+                             device=device)
     sampled = ~torch.isnan(behaviour)
+    missing = sum(rows[r].behaviour is not None for r in pk.entry_row) - int(sampled.sum().item())
     delta = torch.where(sampled, logp.detach() - behaviour.nan_to_num(), 0.0)
     tis = torch.ones_like(logp)
     if importance_cap is not None:
         tis = torch.where(sampled, delta.exp().clamp(max=importance_cap), 1.0)
     loss = -(weight * tis * logp).sum() / normaliser
     stats = {"entropy_sum": forwarded.entropy[node].sum().item(), "tokens": len(pk.entry_node),
-             "behaviour_tokens": int(sampled.sum().item()), "logprob_gap_sum": delta.abs().sum().item(),
+             "behaviour_tokens": int(sampled.sum().item()), "behaviour_missing_tokens": missing,
+             "logprob_gap_sum": delta.abs().sum().item(),
              "kl_sum": torch.where(sampled, delta.exp() - 1 - delta, 0.0).sum().item()}
     return loss, stats
 
 
-_SUMS = ("loss", "entropy_sum", "tokens", "behaviour_tokens", "logprob_gap_sum", "kl_sum")
+_SUMS = ("loss", "entropy_sum", "tokens", "behaviour_tokens", "behaviour_missing_tokens", "logprob_gap_sum",
+         "kl_sum")
 
 
 def _run(model, ops: list, rows: list[Row], weights: list[float], normaliser: int, importance_cap,
@@ -205,6 +251,7 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, norma
     """
     if packing == "tree":
         flex_tree.check(tree_attention, next(model.parameters()).device, grad=torch.is_grad_enabled())
+    rows = aligned(rows, importance_cap)  # behaviour log-probs token by token, or one clear error
     normaliser = normaliser or algorithm.normaliser(rows)  # N of `policy_loss` (every process's, when given)
     weights = [algorithm.weight(r, a) for r, a in zip(rows, advantages, strict=True)]  # A_i · c_i
     moves = [(a != 0.0 and bool(r.completion_ids)) or not skip_flat for r, a in zip(rows, advantages, strict=True)]
@@ -230,6 +277,9 @@ def backward(model, rows: list[Row], advantages: list[float], pad_id: int, norma
     if measured:  # the sampler's log-probs against the trainer's, over the tokens that have them
         out.update(logprob_gap=(sums["logprob_gap_sum"] + metrics["logprob_gap_sum"]) / measured,
                    kl_estimate=(sums["kl_sum"] + metrics["kl_sum"]) / measured)
+    missing = sums["behaviour_missing_tokens"] + metrics["behaviour_missing_tokens"]
+    if missing:  # stop tokens a served backend appended without their log-probs (`aligned`)
+        out["behaviour_missing_tokens"] = missing
     return out
 
 

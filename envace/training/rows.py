@@ -21,7 +21,7 @@ def training_rows(episodes: list[Episode], roles: tuple[str, ...]) -> tuple[list
     """
     picked = [(ep, g) for ep in episodes for g in ep.generations if g.role in roles]
     return [g for _, g in picked], [Row(ep.task.uid, g.role, list(g.prompt(ep.ids)), list(g.gen.ids), g.reward,
-                                        g.gen.logprobs) for ep, g in picked]
+                                        g.gen.logprobs, g.gen.temperature, g.gen.top_p) for ep, g in picked]
 
 
 def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser: RehearserOptions,
