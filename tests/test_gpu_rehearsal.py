@@ -88,6 +88,9 @@ def _launched(monkeypatch, gpu: bool, **kwargs) -> tuple[list[str], dict[str, st
         def __init__(self, command, env, **_):
             seen.update(command=command, env=env)
 
+        def poll(self):  # already gone: the exit reaper has nothing to stop
+            return 0
+
     monkeypatch.setattr(vllm, "on_gpu", lambda: gpu)
     monkeypatch.setattr(vllm, "check_memory_share", lambda share, devices: seen.update(checked=(share, devices)))
     monkeypatch.setattr(vllm.subprocess, "Popen", Popen)

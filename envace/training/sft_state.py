@@ -3,8 +3,8 @@
 SFT's chunks are drawn from (seed, epoch) alone (`sft.warm_up`), so the trainable weights, AdamW's moments,
 torch's random state, the steps done and their losses are all a killed warm-up needs: resumed, it takes the same
 steps in the same order as one never stopped, and reports the same per-epoch NLL. One process only: a warm-up
-over several processes (sharded moments) starts over, as every warm-up did before. `checkpoint.start_or_resume` removes the
-file once SFT is done and `state.pt` holds its result.
+over several processes (sharded moments) starts over, as every warm-up did before. `checkpoint.start_or_resume`
+removes the file once SFT is done and `state.pt` holds its result.
 """
 
 from __future__ import annotations

@@ -213,6 +213,8 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         t.recorder.close()
         return summary
     finally:
-        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=60)  # their vLLM servers
+        # close() removes an actor's folder and stops its vLLM server; the server also dies with the actor's
+        # process (`vllm.launch`), so an actor still busy in play() is not waited for long before it is killed
+        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=10)
         for handle in actors + ranks:
             ray.kill(handle, no_restart=True)
