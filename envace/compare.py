@@ -1,6 +1,7 @@
 """Paired comparisons of stored runs, as every report prints them: items paired by id, the mean difference with
-an interval resampled by task, McNemar's test on "scored" and the sign-flip permutation test by task, and each
-table's p-values Holm-adjusted over the family its caption names. Runs that share no item are a UsageError:
+an interval resampled by task, the minimum detectable effect at 80% power (so a null says what it rules out),
+McNemar's test on "scored" and the sign-flip permutation test by task, and each table's p-values Holm-adjusted over
+the family its caption names. Runs that share no item are a UsageError:
 an unpaired test is never printed in a paired one's place.
 """
 
@@ -41,7 +42,8 @@ def row(label: dict, frames: list[pd.DataFrame]) -> dict:
     out = pooled(frames)
     return {**label, "Δ per seed": " / ".join(f"{(f['b'] - f['a']).mean():+.3f}" for f in frames),
             "pairs": out["pairs"], "A": out["before"], "B": out["after"], "Δ = B − A": out["delta"],
-            "95% CI": f"{out['lo']:+.3f} … {out['hi']:+.3f}", "up/down": f"{out['up']}/{out['down']}",
+            "95% CI": f"{out['lo']:+.3f} … {out['hi']:+.3f}", "MDE 80%": out["mde"],
+            "up/down": f"{out['up']}/{out['down']}",
             "McNemar p": out["mcnemar_p"], "permutation p": out["permutation_p"], "_lo": out["lo"],
             "_hi": out["hi"]}
 

@@ -108,12 +108,36 @@ def paired_permutation(diffs: Sequence[float], clusters: Sequence[object] | None
     return float((np.sum(np.abs(signs @ sums) >= seen) + 1) / (draws + 1))
 
 
+# z_{1-α/2} + z_{power} for α = 0.05 two-sided and 80% power (normal quantiles 1.95996 and 0.84162).
+_Z_80 = 1.959964 + 0.841621
+
+
+def detectable(diffs: Sequence[float], clusters: Sequence[object] | None = None) -> float:
+    """The minimum detectable effect at 80% power of a paired mean difference: the |Δ| a two-sided test at
+    α = 0.05 would find 80% of the time with these pairs, MDE = (z_0.975 + z_0.8) · SE(Δ̂).
+
+    SE is clustered as the intervals are (`clusters`: one per pair; None: each pair its own): with cluster sums
+    S_c of n_c differences and k clusters, Var(Δ̂) = k/(k−1) · Σ_c (S_c − n_c·Δ̂)² / n². It is the normal
+    approximation at the observed spread, so it says how large an effect a null rules out; NaN when it cannot
+    be told (fewer than two clusters, or no spread at all: every pair moved alike)."""
+    d = np.asarray(diffs, dtype=float)
+    groups = np.arange(len(d)) if clusters is None else np.unique(np.asarray(clusters, dtype=object),
+                                                                  return_inverse=True)[1].reshape(-1)
+    k = len(np.unique(groups))
+    if k < 2:
+        return float("nan")
+    sums, sizes = np.bincount(groups, weights=d), np.bincount(groups).astype(float)
+    se = float(np.sqrt(k / (k - 1) * np.sum((sums - sizes * d.mean()) ** 2)) / len(d))
+    return _Z_80 * se if se > 0 else float("nan")
+
+
 def paired_outcomes(before: Sequence[float], after: Sequence[float], clusters: Sequence[object] | None = None,
                     draws: int = DRAWS, seed: int = 0) -> dict[str, float]:
     """Everything a report prints for one paired comparison of scores in [0, 1] (item i scored `before[i]` and
     `after[i]`, e.g. one episode seed under two policies): the pairs, the mean of each side and Δ = after − before
     with its cluster-bootstrap 95% interval and sign-flip permutation p (`clusters`: one per pair, e.g. the turn),
-    and, on "scored" (> 0), the discordant pairs `up` (0 → scored) and `down` with McNemar's exact p."""
+    and, on "scored" (> 0), the discordant pairs `up` (0 → scored) and `down` with McNemar's exact p; `mde`, the
+    smallest |Δ| these pairs would detect at 80% power (`detectable`)."""
     x, y = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
     if x.shape != y.shape:
         raise ValueError(f"paired_outcomes: {len(x)} and {len(y)} values do not pair up")
@@ -123,7 +147,7 @@ def paired_outcomes(before: Sequence[float], after: Sequence[float], clusters: S
     return {"pairs": len(x), "before": float(x.mean()) if len(x) else float("nan"),
             "after": float(y.mean()) if len(y) else float("nan"), "delta": float(diffs.mean()) if len(x) else
             float("nan"), "lo": lo, "hi": hi, "permutation_p": paired_permutation(diffs, clusters, draws, seed),
-            "up": up, "down": down, "mcnemar_p": mcnemar(up, down)}
+            "up": up, "down": down, "mcnemar_p": mcnemar(up, down), "mde": detectable(diffs, clusters)}
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
