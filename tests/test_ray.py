@@ -3,8 +3,9 @@ nodes simulated on this machine (`ray_cluster.loopback_cluster`).
 
 The cluster's worker processes start with `tests/ray_workers` on their PYTHONPATH: the tiny model's messages
 are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
-and updates happen; and any file operation of a worker under the driver's runs folder raises, so a run that
-passes gave no actor or learner rank a path of the driver's.
+and updates happen; any file operation of a worker under the driver's runs folder raises, so a run that
+passes gave no actor or learner rank a path of the driver's; and a test removes the file `_marker(runs)` to make
+the next actor that plays step 2 raise once, as a served backend whose vLLM server answered 503.
 """
 
 from __future__ import annotations
@@ -33,12 +34,19 @@ TWO_NODES = ["--set", "ray.actors=2", "--set", "ray.actor_placement=STRICT_SPREA
              "--set", "ray.learner_cpus=0.5"]
 
 
+def _marker(runs: Path) -> Path:
+    """While this file is missing, the next actor to play step 2 raises once (and makes it)."""
+    return runs.parent / f"played-{runs.name}"  # beside the runs folder, which workers may not touch
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     runs = tmp_path_factory.mktemp("ray-runs")
+    _marker(runs).touch()  # no failure until a test asks for one
     # the nodes' raylets keep this environment for every worker they start
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p),
-           "ENVACE_TEST_HALF_GOLD": "1", "ENVACE_TEST_FORBIDDEN": str(runs)}
+           "ENVACE_TEST_HALF_GOLD": "1", "ENVACE_TEST_FORBIDDEN": str(runs),
+           "ENVACE_TEST_PLAY_FAILS": str(_marker(runs))}
     with loopback_cluster({"num_cpus": 2, "env_vars": env}, {"num_cpus": 2, "env_vars": env}) as (address, _):
         yield address, runs
 
@@ -50,6 +58,19 @@ def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
 
 def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(runs / name / "checkpoint" / "model.safetensors")
+
+
+def _stored_once(con, run: str, steps: int) -> int:
+    """Every group of the run's `steps` stored exactly once (2 tasks × G = 4 episodes per step, each with its
+    generations once); its actor restarts."""
+    per_step = con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes WHERE run_id = ? "
+                           "GROUP BY step ORDER BY step", [run]).fetchall()
+    assert per_step == [(step, 8, 8) for step in range(steps)]
+    dupes = con.execute("SELECT count(*) FROM (SELECT episode_id, role, turn, turn_step, call_index, count(*) AS n "
+                        "FROM generations WHERE run_id = ? GROUP BY ALL) WHERE n > 1", [run]).fetchall()[0][0]
+    assert dupes == 0
+    restarts = con.execute("SELECT sum(value) FROM metrics WHERE run_id = ? AND name = 'actor_restarts'", [run])
+    return restarts.fetchall()[0][0]
 
 
 def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster, monkeypatch, capsys):
@@ -74,15 +95,7 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     assert "2 actor(s) on node 0" in out and "node 1" in out.split("actor(s) on")[1].split(";")[0]  # one per node
     assert "a learner of 2 rank(s)" in out and killed and "actor 0 died" in out
     con = connect(runs)
-    restarts = con.execute("SELECT sum(value) FROM metrics WHERE run_id = 'whole' AND name = 'actor_restarts'")
-    assert restarts.fetchall()[0][0] >= 1
-    # every group stored exactly once: 2 tasks × G = 4 episodes per step, each with its generations once
-    per_step = con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes WHERE run_id = 'whole' "
-                           "GROUP BY step ORDER BY step").fetchall()
-    assert per_step == [(0, 8, 8), (1, 8, 8), (2, 8, 8)]
-    dupes = con.execute("SELECT count(*) FROM (SELECT episode_id, role, turn, turn_step, call_index, count(*) AS n "
-                        "FROM generations WHERE run_id = 'whole' GROUP BY ALL) WHERE n > 1").fetchall()[0][0]
-    assert dupes == 0
+    assert _stored_once(con, "whole", 3) >= 1
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "WHERE run_id = 'whole' GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # step b sampled by version max(0, b − 1)
@@ -103,6 +116,44 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     same(stored(connect(runs), "whole", step=2), stored(connect(runs), "cut", step=2))
     whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
+
+
+def test_an_actor_whose_play_raises_is_restarted_and_replays_its_share(cluster, capsys):
+    """A serving error inside an actor's `play` (its vLLM server answered 503: `ray_workers` hook) reaches the driver
+    as a `RayTaskError`: that actor is restarted (Ray's `max_restarts`), sent the version again and replays its
+    share of the step; the run finishes and every group is stored exactly once."""
+    address, runs = cluster
+    _marker(runs).unlink()
+    assert _train(address, runs, "failed-once", 3, *TWO_NODES) == 0
+    out = capsys.readouterr().out
+    assert _marker(runs).exists()  # the hook did fail a play
+    assert "failed (Refused: http://127.0.0.1:8000/v1/completions failed while serving (answered 503)" in out, out
+    con = connect(runs)
+    assert _stored_once(con, "failed-once", 3) == 1  # one failure, one restart: none spent on the old process
+    versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
+                           "WHERE run_id = 'failed-once' GROUP BY step ORDER BY step").fetchall()
+    assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # the replayed share sampled by the same version
+
+
+def test_a_failed_actor_call_is_named_in_one_line():
+    """What the driver says of an actor's failed call (`driver.failure`): the exception's type and first line, whether
+    Ray sent the exception back or only its traceback (an exception that does not unpickle). A served backend's
+    HTTP error (`vllm.Refused`) unpickles whole, its status code included."""
+    import pickle
+
+    import ray.exceptions
+
+    from envace.policy.vllm import Refused
+    from envace.training.cluster.driver import failure
+
+    served = Refused("http://h:1/v1/completions failed while serving (answered 503): EngineDeadError\nmore", 503)
+    back = pickle.loads(pickle.dumps(served))  # as Ray sends it to the driver
+    assert (type(back), str(back), back.code) == (Refused, str(served), 503)
+    line = "Refused: http://h:1/v1/completions failed while serving (answered 503): EngineDeadError"
+    assert failure(ray.exceptions.RayTaskError("play", "Traceback (most recent call last): ...", back)) == line
+    lost = ray.exceptions.UnserializableException("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                                                  "envace.policy.vllm." + line + "\n")
+    assert failure(lost) == line
 
 
 def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):

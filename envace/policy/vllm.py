@@ -137,6 +137,9 @@ class Refused(UsageError):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):  # pickled with its code: raised in a Ray actor, it reaches the driver whole
+        return type(self), (str(self), self.code)
+
 
 def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600.0) -> Any:
     """GET (no body) or POST JSON; the decoded JSON answer, or a UsageError naming the server and what failed."""

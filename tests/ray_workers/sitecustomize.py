@@ -5,8 +5,12 @@ tests/test_ray.py (the simulated cluster's nodes are started with it; the test p
   tests/test_staleness.py does in-process, so that rewards differ within a group and updates happen.
 - `ENVACE_TEST_FORBIDDEN=DIR`: any file operation under DIR (the driver's runs folder) raises: no worker may
   read or write a path of the driver's.
+- `ENVACE_TEST_PLAY_FAILS=MARKER`: while the file MARKER does not exist, the next actor to play step 2 (step 1)
+  creates it and raises the error a served backend raises when its vLLM server answers 503 (`play_fails_once`).
 """
 
+import importlib.abc
+import importlib.util
 import os
 import random
 import sys
@@ -28,6 +32,56 @@ def half_gold(backend_class) -> None:
 
     backend_class.generate = generate
 
+
+class _Patched(importlib.abc.MetaPathFinder):
+    """Imports module `name` as usual, then hands it to `patch`: a hook on a module the worker imports only when
+    Ray gives it an actor (importing it here would cost every worker process seconds)."""
+
+    def __init__(self, name: str, patch) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(self, name, path, target=None):
+        if name != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def play_fails_once(marker: str):
+    """`envace.training.actor` with `RolloutActor.play` raising once at step 1, where `marker` does not exist (made
+    atomically: of two actors playing step 1 at once, one fails)."""
+
+    def patch(module) -> None:
+        original = module.RolloutActor.play
+
+        def play(self, step, tasks):
+            if step == 1:
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
+                    from envace.policy.vllm import Refused
+
+                    raise Refused("http://127.0.0.1:8000/v1/completions failed while serving (answered 503): "
+                                  "EngineDeadError", 503)
+            return original(self, step, tasks)
+
+        module.RolloutActor.play = play
+
+    return patch
+
+
+if os.environ.get("ENVACE_TEST_PLAY_FAILS"):
+    sys.meta_path.insert(0, _Patched("envace.training.actor", play_fails_once(os.environ["ENVACE_TEST_PLAY_FAILS"])))
 
 if os.environ.get("ENVACE_TEST_HALF_GOLD"):
     from envace.policy.hf import HFBackend

@@ -6,9 +6,10 @@ rank updates on its share of the groups; the gradients are summed in their torch
 `max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
 synchronous algorithm, each step's tasks and seeds the same as in one process.
 
-An actor that dies is restarted by Ray (`max_restarts`); the driver sends it the current version again and
-replays its share of the step. The store is written once a whole step is back, by the driver alone, so a
-group is stored exactly once however often its actor died.
+An actor that dies is restarted by Ray (`max_restarts`), and one whose call raised (a serving error inside it:
+its vLLM server died, timed out or answered 5xx) is killed to be restarted alike; the driver sends it the current
+version again and replays its share of the step. The store is written once a whole step is back, by the driver
+alone, so a group is stored exactly once however often its actor died or failed.
 """
 
 from __future__ import annotations
@@ -71,14 +72,16 @@ class RemoteActors:
         return [ep for p in parts for ep in p[0]], [row for p in parts for row in p[1]]
 
     def _each(self, indices, call: Callable[[Any, int], Any]) -> list:
-        """`call(handle, i)` on every actor in `indices` at once; an actor that died (or came back without the
-        published version: answered None) is sent the version again and asked again."""
+        """`call(handle, i)` on every actor in `indices` at once. An actor that died, whose call raised (a task
+        error: restarted first, `_restart`), or that came back without the published version (answered None) is
+        sent the version again and asked again."""
         import ray
 
         refs = {i: call(self.handles[i], i) for i in indices}
         out = []
         for i, ref in refs.items():
             for attempt in range(self.max_restarts + 2):
+                failed = False
                 try:
                     result = ray.get(ref)
                     if result is not None:
@@ -86,16 +89,43 @@ class RemoteActors:
                     why = "came back without the policy weights"
                 except ray.exceptions.RayActorError as exc:
                     why = f"died ({type(exc).__name__})"
+                except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as exc:
+                    why, failed = f"failed ({failure(exc)})", True
                 if attempt > self.max_restarts:
                     raise RuntimeError(f"ray: actor {i} {why} {attempt + 1} times; giving up (max_restarts = "
                                        f"{self.max_restarts})")
                 self.restarts += 1
-                self.say(f"  actor {i} {why}: sending it policy version {self.published[1]} again and replaying "
-                         f"its share")
+                self.say(f"  actor {i} {why}: " + ("restarting it, " if failed else "") + "sending it policy "
+                         f"version {self.published[1]} again and replaying its share")
+                if failed:
+                    self._restart(i)
                 self._reload(i)
                 ref = call(self.handles[i], i)
             out.append(result)
         return out
+
+    def _restart(self, i: int, restart_s: float = 600.0) -> None:
+        """Kill actor `i` for Ray to restart it (counted against `max_restarts`, as a death is): after a task error
+        its process may hold a dead server or half a step. Returns once a new process answers (up to `restart_s`;
+        sooner if the actor stays dead: the next attempt finds out), so no call reaches the old one."""
+        import ray
+
+        handle = self.handles[i]
+        try:
+            before = ray.get(handle.where.remote(), timeout=60)[1]
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            before = None  # already gone, or stuck
+        ray.kill(handle, no_restart=False)
+        deadline, dead = time.monotonic() + restart_s, 0
+        while time.monotonic() < deadline and dead < 20:
+            try:
+                if ray.get(handle.where.remote(), timeout=max(deadline - time.monotonic(), 1))[1] != before:
+                    return
+            except ray.exceptions.ActorUnavailableError:
+                pass  # restarting
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                dead += 1  # the old process going, or the actor out of restarts
+            time.sleep(0.5)
 
 
     def _reload(self, i: int, restart_s: float = 600.0) -> None:
@@ -114,6 +144,16 @@ class RemoteActors:
                 time.sleep(0.5)
             except ray.exceptions.RayActorError:
                 return  # died again: the next attempt finds out
+
+
+def failure(exc: Exception) -> str:
+    """What an actor's failed call raised, in one line: its exception's type and first line (the last line of the
+    traceback Ray sends when the exception itself could not be sent back)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: " + (str(cause).splitlines() or [""])[0]
+    kind, _, message = (str(exc).strip().splitlines() or [""])[-1].partition(": ")
+    return f"{kind.rsplit('.', 1)[-1]}: {message}"
 
 
 class RemoteLearner(BaseLearner):
