@@ -52,6 +52,11 @@ $(TF517)/.installed: $(STAMP)
 gpu-rehearsal: install vllm transformers-5.17
 	$(BIN)/python -m pytest -q tests/test_gpu_rehearsal.py
 
+# The wheels experiments/device_train.sh needs beyond the device image (experiments/device-wheels.txt says which),
+# into experiments/wheels (git ignores it), to carry to the device beside the working tree.
+device-wheels:
+	$(PY) -m pip download --no-deps --only-binary=:all: -d experiments/wheels -r experiments/device-wheels.txt
+
 # On a GPU machine (one H100 or H200, ~10 min): two GRPO steps of experiments/bfcl_qwen3_1.7b_gpu.toml with vLLM,
 # printing step times, peak GPU memory and a LoRA sync check (experiments/gpu_smoke.py). MODEL: a local folder or
 # a hub name already in the Hugging Face cache (nothing is downloaded). Without CUDA it refuses in one line.

