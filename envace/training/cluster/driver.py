@@ -253,8 +253,8 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         t.recorder.close()
         return summary
     finally:
-        # close() removes an actor's folder and stops its vLLM server; the server also dies with the actor's
-        # process (`vllm.launch`), so an actor still busy in play() is not waited for long before it is killed
-        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=10)
+        # close() stops an actor's vLLM server and removes its folder; an actor still busy in play() is killed after
+        # the timeout, and its server dies with its process (`vllm.launch`), so nothing outlives the run
+        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=60)
         for handle in actors + ranks:
             ray.kill(handle, no_restart=True)
