@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install vllm browser transformers-5.17 gpu-rehearsal gpu-smoke demo test test-fast lint lab bench notebooks-html screenshots clean
+.PHONY: install vllm browser transformers-5.17 gpu-rehearsal gpu-smoke demo test test-fast lint docs lab bench notebooks-html screenshots clean
 
 install: $(STAMP)
 
@@ -85,6 +85,10 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check envace workbench apps tests
+
+# docs/commands.md from the parser, docs/layout.md from the source tree (tests/test_docs_generated.py checks both).
+docs: install
+	$(BIN)/python -m envace.cli.docs
 
 # JupyterLab on the notebooks (they launch runs into runs/ and read them back).
 lab: install
