@@ -60,7 +60,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("private_tokens", pa.int32()),   # private rehearsal: tokens of every role over all rehearsed turns
         ("imagined_steps", pa.int32()),   # private rehearsal: imagined caller messages over all rehearsed turns
         ("context_ids", pa.list_(pa.int32())),  # final caller context; generations.prompt_len indexes into it
-        ("wall_s", pa.float64()),
+        ("wall_s", pa.float64()),         # this episode's own seconds, start to end (its batch's in older shards)
+        ("started_at", pa.float64()), ("ended_at", pa.float64()),  # epoch seconds (NULL in older shards)
     ]),
     # One row per model generation of any role: a caller message, the rehearsal of one call, a simulated
     # user's message. The unit of training: what the trainer used is stored with it, never re-derived.

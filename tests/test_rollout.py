@@ -97,3 +97,38 @@ def test_compact_tool_docs_shrink_the_prompt_and_keep_every_tool(bfcl, tiny):
     cd = compact_tool(next(t for t in task.tools if t["function"]["name"] == "cd"))
     assert cd == {"name": "cd", "description": "Change the current working directory to the specified folder.",
                   "arguments": {"folder": "string"}}
+
+
+def test_each_episode_stores_its_own_wall_time_not_its_batchs(bfcl, reference_policy, tmp_path):
+    """In one batch, an episode whose caller answers every turn in words ends (and is timed) before one that
+    plays every gold call of every turn; each stores its own start and end on the run's clock."""
+    import time
+
+    from envace.record import score
+
+    tasks = sorted(_tasks(bfcl, 8), key=lambda t: sum(len(turn) for turn in t.reference))
+    short, long = tasks[0], tasks[-1]
+    policy = reference_policy([short, long])
+    generate = policy.generate
+
+    def slow(prompts, params):  # every backend call takes a while, as a model's would
+        time.sleep(0.05)
+        return generate(prompts, params)
+
+    policy.generate = slow
+    quits = reference_policy([short], corrupt="I cannot help with that.")
+    first = short.user_turns[0]
+
+    def mixed(prompts, params):  # the short task's caller answers in words: its episode ends after one message
+        out = slow(prompts, params)
+        return [quits.generate([p], params)[0] if first in policy.tokenizer.decode(p) else g
+                for p, g in zip(prompts, out, strict=True)]
+
+    policy.generate = mixed
+    engine = build_engine(policy, bfcl, RolloutConfig(batch_size=2, max_steps_per_turn=8))
+    quick, slow_ep = engine.run_batch([(short, 0), (long, 0)])
+    assert len(quick.generations) < len(slow_ep.generations)
+    rows = [score(ep, "real", "rollout") for ep in (slow_ep, quick)][::-1]  # the quick one scored last
+    assert rows[0]["wall_s"] < rows[1]["wall_s"]
+    assert rows[0]["ended_at"] < rows[1]["ended_at"] and abs(rows[0]["started_at"] - rows[1]["started_at"]) < 1.0
+    assert rows[1]["wall_s"] >= 0.05 * len([g for g in slow_ep.generations if g.role == "caller"]) * 0.9

@@ -73,6 +73,9 @@ class Episode:
     pairs: list[dict[str, Any]] = field(default_factory=list)
     termination: str | None = None
     started: float = field(default_factory=time.perf_counter)
+    started_at: float = field(default_factory=time.time)  # the run's clock, for timelines
+    ended: float | None = None  # perf_counter when it terminated (`RolloutEngine.play`): its own wall time, not
+    # its batch's, so an episode done after one turn is not charged the slowest one's
     demo: list[dict[str, Any]] | None = None  # the caller's worked example, re-rendered with a memory
     open_turn: bool = False  # the current user turn awaits its private-rehearsal memory before rendering
     memories: list[dict[str, Any]] = field(default_factory=list)  # one per privately rehearsed turn
@@ -84,6 +87,11 @@ class Episode:
         row = Generated(role, self.turn, self.turn_step, gen, prompt_len, **fields)
         self.generations.append(row)
         return row
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the start to the end of this episode (to now while it runs)."""
+        return (self.ended if self.ended is not None else time.perf_counter()) - self.started
 
     def of_role(self, role: str) -> list[Generated]:
         return [g for g in self.generations if g.role == role]

@@ -27,6 +27,7 @@ end_episode), `rehearsal_error` (malformed rehearsal fed back, rehearser.on_erro
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
@@ -251,6 +252,10 @@ class RolloutEngine:
                 for ep in self.users.respond(users):
                     self.open(ep)
                 continue
+            now = time.perf_counter()
+            for ep in episodes:  # each episode's own end, however long the others still run
+                if ep.termination is not None and ep.ended is None:
+                    ep.ended = now
             waiting = [ep for ep in episodes if ep.termination is None and not ep.open_turn]
             if not waiting:
                 break
