@@ -529,6 +529,31 @@ class TrainConfig(Config):
             raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")
         at_least(self, 1, "vllm_importance_cap")
         at_least(self, 0, "max_staleness")
+        self._check_off_policy()
+        self._check_placement()
+        within(self, 0, 1, "real_fraction_end")
+        for name in ("lr", "sft_lr"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.variant == "caller_only" and not self.lora:
+            raise UsageError("variant: caller_only needs lora = true: the frozen rehearser is the base model "
+                             "with the caller's adapters switched off")
+        if self.rehearser_reward == "task+fidelity" and not (self.rollout.shadow_fraction > 0 and
+                                                             self.variant == "envace"):
+            raise UsageError("rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real response "
+                             "beside each rehearsal) and variant envace (a trained rehearser)")
+        at_least(self, 0, "fidelity_weight")
+        if self.model == "reference":
+            raise UsageError("model: `reference` replays the gold and has no weights to train")
+        self._check_rollout()
+        if self.fsdp and self.shard_optimizer:
+            raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
+        check_model_spec(self.model)
+        if self.rollout.model != self.model or self.rollout.split != "train":  # the trainer's own
+            self.rollout = replace(self.rollout, model=self.model, split="train")
+
+    def _check_off_policy(self) -> None:
+        """Sampling behind the update (`max_staleness`) and its importance correction."""
         if self.max_staleness and self.vllm_importance_cap is None:
             raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
                              "vllm_importance_cap (truncated importance sampling against the sampler's log-probs, "
@@ -542,6 +567,9 @@ class TrainConfig(Config):
                     raise UsageError(f"{name}: vllm_importance_cap weighs each sampled token against the model's "
                                      f"raw distribution (temperature 1, top_p 1), not one sampled at {value}: "
                                      "sample the trained roles at 1, or unset vllm_importance_cap")
+
+    def _check_placement(self) -> None:
+        """Where the run's processes, servers and GPUs go (Ray, vLLM servers, collectives)."""
         if self.ray.address and self.ray.learners > self.tasks_per_step:
             raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need tasks_per_step >= "
                              f"{self.ray.learners} (each updates on whole groups)")
@@ -560,20 +588,9 @@ class TrainConfig(Config):
             raise UsageError(f"dist_timeout_s: must be > 0, got {self.dist_timeout_s!r}")
         if self.vllm_devices is not None and (not self.vllm_devices or min(self.vllm_devices) < 0):
             raise UsageError(f"vllm_devices: expected GPU indices like [1] or [0, 1], got {self.vllm_devices!r}")
-        within(self, 0, 1, "real_fraction_end")
-        for name in ("lr", "sft_lr"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        if self.variant == "caller_only" and not self.lora:
-            raise UsageError("variant: caller_only needs lora = true: the frozen rehearser is the base model "
-                             "with the caller's adapters switched off")
-        if self.rehearser_reward == "task+fidelity" and not (self.rollout.shadow_fraction > 0 and
-                                                             self.variant == "envace"):
-            raise UsageError("rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real response "
-                             "beside each rehearsal) and variant envace (a trained rehearser)")
-        at_least(self, 0, "fidelity_weight")
-        if self.model == "reference":
-            raise UsageError("model: `reference` replays the gold and has no weights to train")
+
+    def _check_rollout(self) -> None:
+        """Rollout fields that training decides itself or cannot honour."""
         from envace.envs import registry
 
         if self.variant != "real_env" and self.rollout.category in registry.get(self.rollout.env).call_only:
@@ -587,11 +604,6 @@ class TrainConfig(Config):
                              "external user model is for rollout, eval and the suite)")
         if self.rollout.report_to != "none":
             raise UsageError("rollout.report_to: a training run mirrors its metrics with report_to under [train]")
-        if self.fsdp and self.shard_optimizer:
-            raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
-        check_model_spec(self.model)
-        if self.rollout.model != self.model or self.rollout.split != "train":  # the trainer's own
-            self.rollout = replace(self.rollout, model=self.model, split="train")
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
