@@ -81,7 +81,7 @@ test: install browser vllm transformers-5.17
 	$(BIN)/python -m pytest -q tests
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not heavy" tests
 
 lint: install
 	$(BIN)/ruff check envace workbench apps tests

@@ -13,6 +13,27 @@ from envace.policy.scripted import ReferencePolicy
 from envace.policy.tiny import build_tiny
 
 
+def in_ci() -> bool:
+    """CI sets CI=true: there a missing part of the test environment is a failure, never a skip."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The interpreter of `.venv-vllm` (`make vllm`; or `ENVACE_VLLM_PYTHON`), for every test that starts a real
+    vLLM server. Without it such a test skips and says why; in CI it fails, so a CI that lost vLLM cannot pass."""
+    from envace.errors import UsageError
+    from envace.policy import vllm
+
+    try:
+        return vllm.python()
+    except UsageError as err:
+        missing = str(err)
+    if in_ci():
+        pytest.fail(f"CI=true, and this test needs vLLM: {missing}", pytrace=False)
+    pytest.skip(f"NO vLLM: {missing}")
+
+
 @pytest.fixture(scope="session")
 def bfcl():
     return registry.get("bfcl")

@@ -286,7 +286,7 @@ def real_app_url(real_store):
     app.close()
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, real_store, browser, tmp_path):
     """The real default model's store in headless Chromium: every episode of every run opens in the Inspector
     and every tab draws, with no error toast; a screenshot of each tab is saved (ENVACE_SCREENSHOTS names the
@@ -333,7 +333,7 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                                                                                for p in shot)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes(real_app_url, real_store, browser):
     """Linked views on the real default model's store: Runs shows a kind with its own columns and overlays the
     runs picked in Training; a tool in Fidelity's table, a step in Training's table and a privately rehearsed

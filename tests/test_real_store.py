@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.heavy
 
 RUNS = ("demo", "train", "sw", "sw-base-none-0", "sw-base-parallel-1", "world-model", "tau2")
 

@@ -44,7 +44,7 @@ def test_gold_replay_earns_reward_one_on_a_subset(subset):
             assert verdict.success and verdict.detail.startswith("reward 1.0"), (task.uid, verdict.detail)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_every_eighth_gold_trajectory_earns_reward_one():
     """What `envace check-env tau2` does (all 392 pass: README), on every eighth task of each category, both splits,
     through the protocol's `score`: the whole replay took 4-8 minutes of the suite, τ²'s evaluator being slow."""

@@ -21,7 +21,7 @@ from envace.policy.remote import RemoteBackend
 from envace.policy.specs import model_dir
 from envace.store import connect
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.heavy, pytest.mark.usefixtures("vllm_python")]  # every test here starts a server
 
 
 @pytest.fixture(scope="module")
