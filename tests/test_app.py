@@ -152,6 +152,7 @@ def browser(tmp_path):
     driver.quit()
 
 
+@pytest.mark.heavy
 def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -181,6 +182,7 @@ def test_the_inspector_in_a_real_browser(app_url, browser, tmp_path):
     assert shot.stat().st_size > 10_000
 
 
+@pytest.mark.heavy
 def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, browser, store):
     """`?run=` opens the tab that shows the run (a training run: Training), `&episode=` that episode in the
     Inspector, and a name the store does not hold says so instead of falling back to another run."""
@@ -238,6 +240,7 @@ def edit_launch_form(browser, url: str):
     return start
 
 
+@pytest.mark.heavy
 def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, store):
     """Launch: fields grouped by table, typed widgets, changed values marked, start disabled while the config does
     not check out; the job it starts writes a run the Runs tab lists."""
@@ -259,6 +262,7 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
 
 
+@pytest.mark.heavy
 def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

@@ -75,6 +75,7 @@ def test_malformed_config_is_rejected_before_loading(tmp_path):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.heavy
 def test_check_env_passes_every_bfcl_gold_with_its_control():
     """Every reference call goes through execute() as BFCL's harness runs it (no schema check first): the 800
     multi-turn items all pass, with every negative control falling; of the single-turn items, only the 8 whose

@@ -85,22 +85,26 @@ def driver(cluster, tmp_path, monkeypatch):
     return cluster[0]
 
 
+@pytest.mark.heavy
 def test_a_placement_the_cluster_cannot_hold_leaves_no_run_folder(driver, tmp_path, capsys):
     line = _refused(capsys, tmp_path / "runs", driver, "ray.actor_gpus=4")
     assert "4 GPU" in line and "the cluster has 2" in line
 
 
+@pytest.mark.heavy
 def test_vllm_actors_without_gpus_on_a_cluster_with_gpus_are_refused(driver, tmp_path, capsys):
     line = _refused(capsys, tmp_path / "runs", driver, "rollout.backend=vllm", "ray.actor_gpus=0")
     assert "ray.actor_gpus = 1 or more" in line and "Ray does not account for" in line
 
 
+@pytest.mark.heavy
 def test_a_node_without_the_vllm_environment_is_named(driver, cluster, tmp_path, capsys):
     line = _refused(capsys, tmp_path / "runs", driver, "rollout.backend=vllm", "ray.actor_gpus=1", *SPREAD)
     assert f"({cluster[1][:8]}) hosts a vLLM actor but has no vLLM environment at " in line
     assert "other-project/.venv-vllm/bin/python" in line and line.count("hosts a vLLM actor") == 1
 
 
+@pytest.mark.heavy
 def test_a_node_running_other_code_is_named(driver, cluster, tmp_path, capsys):
     changed = cluster[2] / "config.py"
     original = changed.read_text()
@@ -113,6 +117,7 @@ def test_a_node_running_other_code_is_named(driver, cluster, tmp_path, capsys):
     assert line.count("runs other code") == 1
 
 
+@pytest.mark.heavy
 def test_a_model_missing_on_a_node_is_named(driver, cluster, tmp_path, capsys, monkeypatch):
     from huggingface_hub import constants
 

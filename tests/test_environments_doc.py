@@ -18,6 +18,8 @@ import pytest
 
 from envace.store import connect
 
+pytestmark = pytest.mark.heavy  # every test reads the walk-through's commands, run once as subprocesses
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
 STABLE = {"envace.envs.base": {"Environment"}, "envace.envs.registry": {"Benchmark"},
           "envace.types": {"Task", "Score", "ToolCall", "ToolResult", "ReferenceStep"}}

@@ -14,6 +14,7 @@ def trained(tmp_path_factory):
     return root
 
 
+@pytest.mark.heavy
 def test_a_run_exports_as_a_hugging_face_dataset_parquet_and_jsonl(trained, tmp_path, capsys):
     from datasets import load_from_disk
 
@@ -32,6 +33,7 @@ def test_a_run_exports_as_a_hugging_face_dataset_parquet_and_jsonl(trained, tmp_
     assert "not empty" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_tensorboard_gets_the_stored_metrics(trained):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

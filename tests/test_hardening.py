@@ -37,6 +37,7 @@ texts = st.one_of(st.text(), st.lists(st.one_of(pieces, st.text(max_size=5)), ma
                   st.sampled_from(HOSTILE).map(lambda h: _tag(h, "<execution_result>", "</execution_result>")))
 
 
+@pytest.mark.heavy
 @MANY
 @given(texts)
 def test_parse_tool_calls_classifies_any_string(text):
@@ -48,6 +49,7 @@ def test_parse_tool_calls_classifies_any_string(text):
         json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")
 
 
+@pytest.mark.heavy
 @MANY
 @given(texts)
 def test_parse_execution_result_classifies_any_string(text):
@@ -58,6 +60,7 @@ def test_parse_execution_result_classifies_any_string(text):
                             formats.INVALID_JSON, formats.EMPTY_RESULT, formats.TOO_LONG)
 
 
+@pytest.mark.heavy
 @MANY
 @given(texts)
 def test_json_values_and_thinking_never_raise(text):
@@ -77,6 +80,7 @@ schemas = st.one_of(json_values, st.fixed_dictionaries({
     "required": st.one_of(json_values, st.lists(st.text(max_size=3), max_size=3))}))
 
 
+@pytest.mark.heavy
 @MANY
 @given(st.one_of(json_values, st.dictionaries(st.text(max_size=3), json_values, max_size=4)), schemas)
 def test_the_validator_classifies_any_call_against_any_schema(arguments, parameters):
@@ -247,6 +251,7 @@ def test_doctor_names_every_problem_and_the_store_stays_usable(store, tmp_path, 
     assert main(["doctor", "--root", str(store)]) == 0
 
 
+@pytest.mark.heavy
 def test_sigterm_mid_run_keeps_whole_batches_marks_interrupted_and_exits_non_zero(tmp_path):
     """`kill`, `timeout` and job schedulers send SIGTERM: handled as Ctrl-C, never a half-stored batch."""
     import os

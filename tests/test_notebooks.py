@@ -30,6 +30,7 @@ def _text(cell) -> str:
     return "".join(out)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, store, tmp_path, monkeypatch):
     root = tmp_path / "runs"

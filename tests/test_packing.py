@@ -299,6 +299,7 @@ def test_packing_outside_the_three_names_and_a_row_over_the_budget_are_one_line_
     assert not list((tmp_path / "runs" / "small").glob("*/*.parquet"))
 
 
+@pytest.mark.heavy
 def test_bench_train_times_the_same_rows_three_ways_and_again_from_the_stored_run(tmp_path, capsys):
     from envace.bench.train import bench_train, stored_step_rows
     from envace.cli import main

@@ -173,6 +173,7 @@ def test_workbench_launch_runs_a_plugin_rollout_in_its_own_process(plugin, tmp_p
     assert connect(tmp_path).execute("SELECT env FROM episodes").fetchall() == [(SPEC,)]
 
 
+@pytest.mark.heavy
 def test_envs_lists_built_ins_plugins_and_broken_plugins_in_a_child_process(plugin):
     from workbench.launch import child_env
 

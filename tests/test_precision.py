@@ -143,6 +143,7 @@ def test_a_resume_from_the_saved_state_is_exact():
         assert all(torch.equal(optimizer.state[p][k], again.state[q][k]) for k in ("master", "exp_avg", "step"))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["zero", "fsdp"])
 def test_sharded_optimizers_keep_sharded_masters_and_resume_exactly(tmp_path, mode):
     """Two processes, bf16 weights: ZeRO-1 (each process steps the masters of its slice) and FSDP2 (masters

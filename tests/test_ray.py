@@ -73,6 +73,7 @@ def _stored_once(con, run: str, steps: int) -> int:
     return restarts.fetchall()[0][0]
 
 
+@pytest.mark.heavy
 def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster, monkeypatch, capsys):
     import ray
 
@@ -118,6 +119,7 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
 
 
+@pytest.mark.heavy
 def test_an_actor_whose_play_raises_is_restarted_and_replays_its_share(cluster, capsys):
     """A serving error inside an actor's `play` (its vLLM server answered 503: `ray_workers` hook) reaches the driver
     as a `RayTaskError`: that actor is restarted (Ray's `max_restarts`), sent the version again and replays its
@@ -156,6 +158,7 @@ def test_a_failed_actor_call_is_named_in_one_line():
     assert failure(lost) == line
 
 
+@pytest.mark.heavy
 def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):
     """max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
     `envace train` in one process (whose backend takes the same half-gold messages, in-process)."""
@@ -184,6 +187,7 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
     assert all(torch.allclose(remote[k], local[k], atol=1e-6) for k in local)
 
 
+@pytest.mark.heavy
 def test_a_placement_the_cluster_cannot_satisfy_is_one_line(cluster, capsys):
     address, runs = cluster
     assert _train(address, runs, "greedy", 1, "--set", "ray.actor_gpus=4") == 2

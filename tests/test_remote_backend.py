@@ -88,6 +88,7 @@ def test_requests_sample_untruncated_within_the_servers_context(server, tiny):
     assert (full.ids, full.finish) == ([], "length") and len(seen) == before + 1  # nothing sent past the limit
 
 
+@pytest.mark.heavy
 def test_the_simulated_user_can_be_served(server, tmp_path):
     from envace.cli import main
     from envace.store import connect

@@ -22,8 +22,7 @@ STALE = ["--set", "max_staleness=1", "--set", "vllm_importance_cap=2.0", "--set"
          "--set", "flat_row_metrics=true"]
 
 
-@pytest.fixture
-def half_gold(monkeypatch, bfcl):
+def _half_gold(monkeypatch, bfcl):
     import envace.training.actor as rollout_actor
     from envace.policy.hf import HFBackend
     from envace.policy.scripted import ReferencePolicy
@@ -43,14 +42,30 @@ def half_gold(monkeypatch, bfcl):
     monkeypatch.setattr(rollout_actor, "HFBackend", HalfGold)
 
 
+@pytest.fixture
+def half_gold(monkeypatch, bfcl):
+    _half_gold(monkeypatch, bfcl)
+
+
+@pytest.fixture(scope="module")
+def ahead(tmp_path_factory, bfcl):
+    """Three steps one step ahead of the update (`ahead`), run once: what it stores is checked, and a run cut after
+    two steps and resumed must replay its last step."""
+    root = tmp_path_factory.mktemp("ahead")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _half_gold(monkeypatch, bfcl)
+        assert _train(root, "ahead", 3) == 0
+    return root
+
+
 def _train(root, name: str, steps: int, *extra: str) -> int:
     return main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", name,
                  "--set", f"grpo_steps={steps}", *STALE, *extra])
 
 
-def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_older(tmp_path, half_gold, capsys):
-    assert _train(tmp_path, "ahead", 3) == 0
-    con = connect(tmp_path)
+@pytest.mark.heavy
+def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_older(ahead, capsys):
+    con = connect(ahead)
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # step b sampled by version max(0, b − 1)
@@ -64,13 +79,13 @@ def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_old
     assert metric[0, "logprob_gap"] < 1e-4
     assert metric[1, "updated"] == 1 and metric[2, "logprob_gap"] > 1e-3
     capsys.readouterr()
-    assert main(["show", "ahead", "--root", str(tmp_path)]) == 0
+    assert main(["show", "ahead", "--root", str(ahead)]) == 0
     shown = capsys.readouterr().out
     assert "where the GRPO time went" in shown and "learner waits for rollouts" in shown and "0: 1, 1: 2" in shown
     from workbench import Workbench
     from workbench.figures import step_timeline
 
-    fig = step_timeline(Workbench(tmp_path).training("ahead"))  # the Training tab's timeline
+    fig = step_timeline(Workbench(ahead).training("ahead"))  # the Training tab's timeline
     lanes = {t.name: t for t in fig.data if t.orientation == "h"}
     assert set(lanes) == {"actor", "learner"} and all(len(t.x) == 3 for t in lanes.values())
     # step 2 (sampled by version 0) was played while the learner updated on step 1: the spans overlap
@@ -80,15 +95,15 @@ def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_old
     assert list(histogram.x) == [0, 1] and list(histogram.y) == [1, 2]
 
 
-def test_a_resumed_run_ahead_of_its_update_replays_exactly(tmp_path, half_gold):
-    assert _train(tmp_path, "whole", 3) == 0
+@pytest.mark.heavy
+def test_a_resumed_run_ahead_of_its_update_replays_exactly(ahead, tmp_path, half_gold):
     assert _train(tmp_path, "cut", 2) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--resume", "cut",
                  "--set", "grpo_steps=3", *STALE]) == 0
     con = connect(tmp_path)
 
     # step 3 sampled by version 1, kept in state.pt across the stop: the same generations and metrics
-    same(stored(con, "whole", step=2), stored(con, "cut", step=2))
+    same(stored(connect(ahead), "ahead", step=2), stored(con, "cut", step=2))
 
 
 @pytest.mark.parametrize("settings", [["max_staleness=-1"], ["max_staleness=1"],

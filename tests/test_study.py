@@ -75,6 +75,7 @@ def _status(root: Path, run: str) -> str | None:
     return json.loads(meta.read_text()).get("status") if meta.exists() else None
 
 
+@pytest.mark.heavy
 def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_path, capsys):
     from envace.compare import episode_pairs
     from envace.store import connect

@@ -18,23 +18,25 @@ SMALL = ["--max-new-tokens", "16", "--max-steps-per-turn", "2", "--user-max-new-
 
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
-    """The whole suite with the tiny model, two items a cell, and what it printed."""
+    """The whole suite with the tiny model, one item a cell (what is checked is that every cell runs and resumes,
+    not its score), and what it printed."""
     import contextlib
     import io
 
     root = tmp_path_factory.mktemp("suite")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["suite", "tiny", "--limit", "2", "--name", "s", "--root", str(root), *SMALL]) == 0
+        assert main(["suite", "tiny", "--limit", "1", "--name", "s", "--root", str(root), *SMALL]) == 0
     return root, out.getvalue()
 
 
+@pytest.mark.heavy
 def test_every_cell_runs_and_the_table_stands_beside_the_papers_rows(played):
     root, out = played
     meta = get_run(root, "s")
     cells = meta["summary"]["cells"]
     assert meta["kind"] == "suite" and len(cells) == len(suite.cells()) == 13 + 4 + 3 + 3 + 2
-    assert all(get_run(root, c["cell_run"])["status"] == "completed" and c["episodes"] == 2 for c in cells)
+    assert all(get_run(root, c["cell_run"])["status"] == "completed" and c["episodes"] == 1 for c in cells)
     for published in ("EnvACE-8B (published)", "Qwen3-1.7B (backbone) (published)", "this run: s"):
         assert published in out
     assert "a smoke, not a score" in out and "needs the internet" in out and "not built here" not in out
@@ -42,13 +44,14 @@ def test_every_cell_runs_and_the_table_stands_beside_the_papers_rows(played):
     assert list(frame.columns) == ["model", *suite.COLUMNS.values()] and frame.iloc[0]["model"] == "this run: s"
 
 
+@pytest.mark.heavy
 def test_a_re_run_keeps_every_finished_cell_and_redoes_an_interrupted_one(played, capsys):
     root, _ = played
     victim = root / "s-tau2-retail" / "run.json"
     meta = json.loads(victim.read_text())
     victim.write_text(json.dumps({**meta, "status": "interrupted"}))  # as a Ctrl-C mid-cell leaves it
     before = {p.name: p.stat().st_mtime for p in root.glob("s-bfcl-*/run.json")}
-    assert main(["suite", "tiny", "--limit", "2", "--name", "s", "--root", str(root), *SMALL]) == 0
+    assert main(["suite", "tiny", "--limit", "1", "--name", "s", "--root", str(root), *SMALL]) == 0
     out = capsys.readouterr().out
     assert out.count("done already, kept") == len(suite.cells()) - 1 and "cell 22/25 s-tau2-retail\n" in out
     assert {p.name: p.stat().st_mtime for p in root.glob("s-bfcl-*/run.json")} == before
@@ -68,6 +71,7 @@ def test_the_overall_follows_the_leaderboard_and_the_papers_mean():
     assert row[suite.COLUMNS["overall"]] == pytest.approx((bfcl + 100 + 0) / 3)
 
 
+@pytest.mark.heavy
 def test_with_private_rehearsal_it_prints_the_papers_second_table(tmp_path, monkeypatch, capsys):
     two = [suite.Cell("bfcl", "multi_turn_base", "all"), suite.Cell("tau2", "airline", "test")]
     monkeypatch.setattr(suite, "cells", lambda private, budget: two + [

@@ -34,6 +34,7 @@ def subset():
     }
 
 
+@pytest.mark.heavy
 def test_gold_replay_earns_reward_one_on_a_subset(subset):
     for category, tasks in subset.items():
         for task in tasks:

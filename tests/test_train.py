@@ -28,6 +28,7 @@ def test_reference_rows_cover_both_roles_from_train_tasks_only(bfcl, tiny):
         reference_rows(bfcl.load_tasks("multi_turn_base", "test", limit=1), bfcl, tiny[1], RehearserOptions())
 
 
+@pytest.mark.heavy
 def test_a_killed_warm_up_goes_on_from_its_last_saved_step(tmp_path):
     """SFT killed after step 3 with its place saved every 2 steps: `--resume` loads step 2's weights, moments
     and random state, takes steps 3.. again, and ends with the weights, per-step NLL and per-epoch NLL of a
@@ -67,21 +68,24 @@ def test_a_killed_warm_up_goes_on_from_its_last_saved_step(tmp_path):
     assert con.execute(nll, ["whole"]).fetchall() == con.execute(nll, ["cut"]).fetchall()
 
 
-def test_train_smoke_config_end_to_end(tmp_path, capsys):
-    root = str(tmp_path)
-    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "t"]) == 0
-    con = connect(root)
-    nll = [v for (v,) in con.execute("SELECT value FROM metrics WHERE phase = 'sft' AND name = 'nll' "
-                                     "ORDER BY step").fetchall()]
+@pytest.mark.heavy
+def test_train_smoke_config_end_to_end(store, tmp_path, capsys):
+    """`envace train experiments/smoke.toml`: the `store` fixture's run `trained` (that very command, run once for
+    the suite), then a rollout from its checkpoint."""
+    con = connect(store)
+    nll = [v for (v,) in con.execute("SELECT value FROM metrics WHERE run_id = 'trained' AND phase = 'sft' "
+                                     "AND name = 'nll' ORDER BY step").fetchall()]
     assert len(nll) >= 2 and sum(nll[-2:]) < sum(nll[:2])  # the warm-up learns
-    roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE phase = 'grpo'").fetchall()}
+    roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE run_id = 'trained' "
+                                       "AND phase = 'grpo'").fetchall()}
     assert {"all", "caller"} <= roles
-    assert con.execute("SELECT count(DISTINCT step) FROM episodes WHERE run_id = 't'").fetchall()[0][0] == 2
-    assert con.execute("SELECT max(env_executions) FROM episodes").fetchall()[0][0] == 0  # no environment in RL
+    assert con.execute("SELECT count(DISTINCT step) FROM episodes WHERE run_id = 'trained'").fetchall()[0][0] == 2
+    executions = con.execute("SELECT max(env_executions) FROM episodes WHERE run_id = 'trained'").fetchall()
+    assert executions == [(0,)]  # no environment in RL
     capsys.readouterr()
-    checkpoint = tmp_path / "t" / "checkpoint"
+    checkpoint = store / "trained" / "checkpoint"
     assert main(["rollout", "--model", str(checkpoint), "--limit", "1", "--max-new-tokens", "4",
-                 "--max-steps-per-turn", "1", "--root", root, "--run-name", "after"]) == 0
+                 "--max-steps-per-turn", "1", "--root", str(tmp_path), "--run-name", "after"]) == 0
     _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsys)
 
 
@@ -98,7 +102,7 @@ def _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsy
     sft = train[:2]  # smoke.toml: sft_tasks = 2
     seen = json.loads((checkpoint / SEEN_FILE).read_text())["groups"]
     assert seen == sorted({task_group(t) for t in sft}) and len(seen) == 2
-    played = {whole_uid(u) for (u,) in con.execute("SELECT DISTINCT task_uid FROM episodes WHERE run_id = 't' "
+    played = {whole_uid(u) for (u,) in con.execute("SELECT DISTINCT task_uid FROM episodes WHERE run_id = 'trained' "
                                                    "AND phase = 'grpo'").fetchall()}
     assert played and not {task_group(t) for t in train if t.uid in played} & set(seen)
     taught = ["--set", f'model="{checkpoint}"', "--set", "sft_tasks=0", "--set", f'grpo_units=["{sft[0].uid}"]',
@@ -141,6 +145,7 @@ def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     assert not list(saved.glob("adapter_*"))  # merged into plain weights, loadable by --model
 
 
+@pytest.mark.heavy
 def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
     import re
 
@@ -237,6 +242,7 @@ def test_caller_only_needs_lora():
         TrainConfig(model="tiny", variant="caller_only")
 
 
+@pytest.mark.heavy
 def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
     from envace.store import connect
 
@@ -279,15 +285,27 @@ def test_set_overrides_are_validated_like_the_file(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_two_processes_train_one_model_under_torchrun(tmp_path):
-    """`accelerate launch` / torchrun: each process plays its share of the tasks, one run, one checkpoint."""
-    torchrun = [*TORCHRUN, "-m", "envace.cli"]
-    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "dp",
-            "--set", "tasks_per_step=2", "--set", "sft_tasks=2"]
-    done = subprocess.run(torchrun + args, capture_output=True, text=True, timeout=600)
+# Two processes, the same tasks as the sharded runs below: unsharded data parallelism on full weights.
+DATA_PARALLEL = ["--set", "tasks_per_step=2", "--set", "sft_tasks=2", "--set", "lora=false"]
+
+
+@pytest.fixture(scope="module")
+def data_parallel(tmp_path_factory):
+    """One torchrun of smoke.toml in two processes (`dp`): read by the test of what two processes store and
+    as the unsharded reference of the sharded runs, instead of each launching it. (store root, completed process)"""
+    root = tmp_path_factory.mktemp("data-parallel")
+    done = subprocess.run([*TORCHRUN, "-m", "envace.cli", "train", "experiments/smoke.toml", "--root", str(root),
+                           "--run-name", "dp", *DATA_PARALLEL], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "process 1 of 2" in done.stdout and (tmp_path / "dp" / "checkpoint" / "config.json").exists()
-    con = connect(tmp_path)
+    return root, done
+
+
+@pytest.mark.heavy
+def test_two_processes_train_one_model_under_torchrun(data_parallel):
+    """`accelerate launch` / torchrun: each process plays its share of the tasks, one run, one checkpoint."""
+    root, done = data_parallel
+    assert "process 1 of 2" in done.stdout and (root / "dp" / "checkpoint" / "config.json").exists()
+    con = connect(root)
     shards = con.execute("SELECT step, count(DISTINCT task_uid), count(*) FROM episodes GROUP BY step").fetchall()
     assert [(b, tasks) for b, tasks, _ in sorted(shards)] == [(0, 2), (1, 2)]  # both processes' tasks stored
     assert con.execute("SELECT status FROM runs WHERE run_id = 'dp'").fetchall() == [("completed",)]
@@ -315,7 +333,8 @@ def test_every_experiment_config_validates(path):
             Study.load(path)
 
 
-def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):
+@pytest.mark.heavy
+def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel, tmp_path):
     """ZeRO stage 1 under torchrun and FSDP under `accelerate launch` with experiments/accelerate_fsdp.yaml:
     the same weights as unsharded data parallelism, a whole state saved, and resumes that load it
     back into the shards."""
@@ -325,17 +344,17 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(tmp_path):
     torchrun = [*TORCHRUN, "-m", "envace.cli"]
     fsdp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "experiments/accelerate_fsdp.yaml",
             "--num_processes", "2", "--main_process_port", "0", "-m", "envace.cli"]
-    common = ["--root", str(tmp_path), "--set", "tasks_per_step=2", "--set", "sft_tasks=2", "--set", "lora=false"]
+    common = ["--root", str(tmp_path), *DATA_PARALLEL]
 
     def train(launcher, *args):
         return subprocess.run(launcher + ["train", "experiments/smoke.toml", *common, *args], capture_output=True,
                               text=True, timeout=600)
 
-    for launcher, name, shard in ((torchrun, "plain", "false"), (torchrun, "zero", "true"), (fsdp, "fsdp", "false")):
+    for launcher, name, shard in ((torchrun, "zero", "true"), (fsdp, "fsdp", "false")):
         done = train(launcher, "--run-name", name, "--set", f"shard_optimizer={shard}")
         assert done.returncode == 0, done.stderr[-2000:]
-    plain, zero, sharded = (load_file(tmp_path / n / "checkpoint" / "model.safetensors")
-                            for n in ("plain", "zero", "fsdp"))
+    plain, zero, sharded = (load_file(root / n / "checkpoint" / "model.safetensors")
+                            for root, n in ((data_parallel[0], "dp"), (tmp_path, "zero"), (tmp_path, "fsdp")))
     assert plain.keys() == zero.keys() == sharded.keys()
     assert all(torch.allclose(plain[k], zero[k], atol=1e-6) for k in plain)
     assert all(torch.allclose(plain[k], sharded[k], atol=1e-5) for k in plain)
@@ -377,6 +396,7 @@ def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_p
     assert not list(tmp_path.iterdir())  # refused before any run was created
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["full", "full_every_pass", "lora", "zero"])
 def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
     """Two FSDP processes with unequal shares (one pads with idle passes) take, over two updates with a

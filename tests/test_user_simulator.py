@@ -45,6 +45,7 @@ def _quiet_task(tau2):
     raise AssertionError("no such retail task")
 
 
+@pytest.mark.heavy
 def test_a_simulated_conversation_replaying_the_gold_actions_scores_one(tau2, tiny, reference_policy):
     task = _quiet_task(tau2)
     assert task.simulated_user is not None and "###STOP###" in task.simulated_user.system_prompt
@@ -62,6 +63,7 @@ def test_a_simulated_conversation_replaying_the_gold_actions_scores_one(tau2, ti
     assert len(rows) == len(ep.of_role(Role.CALLER))
 
 
+@pytest.mark.heavy
 def test_dropping_a_gold_action_fails_the_conversation(tau2, tiny, reference_policy):
     task = _quiet_task(tau2)
     writes = [i for i, ref in enumerate(task.reference[0]) if not ref.call.name.startswith(("get_", "find_"))]
@@ -73,6 +75,7 @@ def test_dropping_a_gold_action_fails_the_conversation(tau2, tiny, reference_pol
     assert not score(ep, "real")["success"]
 
 
+@pytest.mark.heavy
 def test_a_user_that_never_stops_is_cut_off(tau2, tiny, tiny_backend):
     task = _quiet_task(tau2)
     cfg = RolloutConfig(env="tau2", category="retail", model="tiny", mode="rehearse", max_new_tokens=4,
@@ -95,6 +98,7 @@ def test_solo_telecom_runs_on_the_tiny_model(tiny_backend, tau2, mode):
     assert not ep.of_role(Role.USER)
 
 
+@pytest.mark.heavy
 def test_the_cli_rolls_out_tau2_with_the_user_played_by_the_policy(tmp_path):
     from envace.cli import main
     from envace.store import connect
@@ -110,12 +114,14 @@ def test_the_cli_rolls_out_tau2_with_the_user_played_by_the_policy(tmp_path):
     assert main(["rollout", "--env", "tau2", "--domain", "lunar", "--root", str(tmp_path)]) == 2
 
 
+@pytest.mark.heavy
 def test_training_runs_on_solo_telecom_and_refuses_reference_rows_without_a_scripted_user(tmp_path, capsys):
     from envace.cli import main
     from envace.store import connect
 
     args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "rollout.env=tau2",
-            "--set", 'rollout.tool_docs="compact"']  # τ²'s schemas in full are most of this test's time
+            "--set", 'rollout.tool_docs="compact"',  # τ²'s schemas in full are most of this test's time
+            "--set", "sft_epochs=1", "--set", "grpo_steps=1"]  # SFT's reference rows and a GRPO step: what is asked
     assert main([*args, "--set", "rollout.category=telecom_solo", "--run-name", "solo"]) == 0
     con = connect(tmp_path)
     assert con.execute("SELECT DISTINCT category FROM episodes").fetchall() == [("telecom_solo",)]

@@ -137,6 +137,7 @@ def test_an_empty_store_answers_every_query_with_nothing(tmp_path):
     assert wb.warnings == [] and "envace rollout" in empty_state(str(wb.root))
 
 
+@pytest.mark.heavy
 def test_launch_runs_in_the_background_and_stops_cleanly(tmp_path):
     from workbench import launch
 
@@ -202,6 +203,7 @@ def test_the_launch_form_of_every_shipped_config_resolves_unchanged(kind, tmp_pa
             assert "in the local HF cache" in str(exc), (config, exc)
 
 
+@pytest.mark.heavy
 def test_a_screen_names_the_units_whose_rewards_differ(tmp_path):
     """`unit_rewards` per unit, and `experiments/screen_units.py` printing the units with spread as `grpo_units`."""
     import subprocess

@@ -37,7 +37,8 @@ def _gold_calls(env: str, category: str, limit: int, turns=(0, None)) -> int:
 
 
 @pytest.mark.parametrize("env, category", [("bfcl", "multi_turn_base"), ("tau2", "telecom_solo"),
-                                           ("tau2", "airline"), ("vitabench", "delivery_solo")])
+                                           pytest.param("tau2", "airline", marks=pytest.mark.heavy),  # ~15 s
+                                           ("vitabench", "delivery_solo")])
 def test_a_rehearser_answering_with_the_gold_scores_one_on_every_call(tmp_path, tiny, env, category):
     tasks = registry.get(env).load_tasks(category, "test", 2)
     gold = ReferencePolicy(tiny[1], tasks)  # rehearses each call with its recorded real result
