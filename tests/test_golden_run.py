@@ -15,6 +15,7 @@ from golden import FIXTURE, config, digest, train
 EXPECTED = json.loads((FIXTURE / "digest.json").read_text())
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name, staleness", [("sync", 0), ("ahead", 1)])
 def test_a_seeded_run_gives_what_the_earlier_release_gave(tmp_path, name, staleness):
     train(config(tmp_path / f"{name}.toml", staleness=staleness), tmp_path / "runs", name)

@@ -184,6 +184,7 @@ def _loss_peak_mib(scored: int) -> float:
     return peak.mib
 
 
+@pytest.mark.heavy
 def test_the_losss_peak_memory_does_not_grow_with_vocabulary_times_length():
     """The loss once held ~5 fp32 [scored × vocab] tensors: 2.9 GiB per 1k scored tokens at this vocabulary."""
     torch.set_num_threads(1)
