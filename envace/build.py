@@ -20,12 +20,13 @@ engine of its own, so the engine cannot import it, and only here do the two meet
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from envace.config import RolloutConfig, turn_range
+from envace.config import PrivateOptions, RolloutConfig, turn_range
 from envace.engine.examples import ExampleBank
 from envace.engine.prompts import ChatRenderer
 from envace.engine.rehearser import Rehearser
-from envace.engine.rollout import RolloutEngine
+from envace.engine.rollout import BeforeTurn, RolloutEngine
 from envace.engine.sampler import Sampler
 from envace.engine.user import UserSimulator
 from envace.engine.worlds import DynaMix, Forks, RealWorld, RehearsedWorld, Shadow, World
@@ -60,12 +61,14 @@ def world_for(config: RolloutConfig, sampler: Sampler, renderer: ChatRenderer, r
 
 def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, examples: ExampleBank | None = None,
                  user_backend: Backend | None = None, max_context: int | None = None,
-                 id_prefix: str = "", rehearser_backend: Backend | None = None) -> RolloutEngine:
+                 id_prefix: str = "", rehearser_backend: Backend | None = None,
+                 private_hook: Callable[[PrivateOptions, Rehearser], BeforeTurn] | None = None) -> RolloutEngine:
     """A rollout engine for `config` on `backend`: its world, rehearser, simulated user and private rehearsal.
 
     `examples` (train tasks) ground the rehearser and the caller's demonstration; `user_backend` plays
     simulated users and `rehearser_backend` rehearses (the policy itself when None); `max_context` defaults to
-    the backend's.
+    the backend's. `private_hook(options, rehearser)` builds the before-turn hook of an active
+    `[rollout.private]` instead of `PrivateRehearsal` (a rung of the private-rehearsal ladder).
     """
     sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
     renderer = ChatRenderer(backend.tokenizer, config.tool_docs, config.thinking)
@@ -79,7 +82,7 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
     user_renderer = ChatRenderer(user_backend.tokenizer, thinking=config.thinking) if user_backend else renderer
     users = UserSimulator(sampler, user_renderer, user_backend, config.user_max_new_tokens, config.max_steps_per_turn)
     # what runs before a turn opens: private rehearsal, or what the benchmark plays first (never both: validate)
-    before_turn = PrivateRehearsal(config.private, rehearser) if config.private.active else \
+    before_turn = (private_hook or PrivateRehearsal)(config.private, rehearser) if config.private.active else \
         benchmark.before_turn(config.category) if benchmark.before_turn else None
     return RolloutEngine(sampler, benchmark, config, world_for(config, sampler, renderer, rehearser), renderer,
                          examples, users, before_turn, context, id_prefix)

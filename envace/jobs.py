@@ -57,11 +57,12 @@ def _examples(cfg: RolloutConfig, benchmark):
 
 
 def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None = None, tasks=None,
-         user_backend=None, phase: str = "rollout", rehearser_backend=None) -> record.Summary:
+         user_backend=None, phase: str = "rollout", rehearser_backend=None, private_hook=None) -> record.Summary:
     """Play every task of `cfg` `group_size` times, one batch at a time, writing each batch as a step of `run`.
 
     `tasks` defaults to `units.select(cfg)`'s (which also resolves an `auto` token budget); `user_backend` and
-    `rehearser_backend` play those roles when they are not the policy.
+    `rehearser_backend` play those roles when they are not the policy; `private_hook` builds the private-rehearsal
+    hook instead of `PrivateRehearsal` (`build.build_engine`).
     """
     import time
 
@@ -73,7 +74,7 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
         cfg, selected = units.select(cfg, benchmark, backend.tokenizer)
         tasks = selected if tasks is None else tasks
     engine = build_engine(backend, benchmark, cfg, _examples(cfg, benchmark), user_backend,
-                          rehearser_backend=rehearser_backend)
+                          rehearser_backend=rehearser_backend, private_hook=private_hook)
     engine.on_step = reporter.step
     summary, started = record.Summary(), time.perf_counter()
     reporter.begin(len(tasks) * cfg.group_size)
@@ -95,10 +96,10 @@ def play(cfg: RolloutConfig, run: Run | None, backend, reporter: Reporter | None
 
 def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None, kind: str = "rollout",
                 reporter: Reporter | None = None, backend=None, rehearser_backend=None,
-                only: Collection[str] | None = None) -> tuple[Run, dict[str, Any]]:
+                only: Collection[str] | None = None, private_hook=None) -> tuple[Run, dict[str, Any]]:
     """One rollout (or eval) run: load the model, play `cfg`'s tasks, store every batch; returns (run, summary).
     `backend` and `rehearser_backend`, when given, are used instead of loading `cfg.model` and
-    `cfg.rehearser_model`; `only` keeps the units of these task uids."""
+    `cfg.rehearser_model`; `only` keeps the units of these task uids; `private_hook`: `play`'s."""
     from envace.policy import load_backend
     from envace.policy.models import tokenizer_for
     from envace.policy.scripted import ReferencePolicy
@@ -137,8 +138,8 @@ def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None 
         measured = cfg.rehearser_model if kind == "world-model" else cfg.model  # the model the run is about
         run = Run.create(root, kind, asdict(cfg), measured, name)
         with run.running():
-            summary = play(cfg, run, backend, reporter, tasks, user_backend,
-                           rehearser_backend=rehearser_backend).as_dict()
+            summary = play(cfg, run, backend, reporter, tasks, user_backend, rehearser_backend=rehearser_backend,
+                           private_hook=private_hook).as_dict()
         _report(cfg.report_to, run, asdict(cfg), [(0, {kind: _numbers(summary)})])
     finally:
         _close(owned)
@@ -177,9 +178,9 @@ def _close(backends: list) -> None:
 
 
 def eval_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None,
-             reporter: Reporter | None = None, backend=None) -> tuple[Run, dict[str, Any]]:
+             reporter: Reporter | None = None, backend=None, private_hook=None) -> tuple[Run, dict[str, Any]]:
     """A rollout of `model` stored as an `eval` run (the test split unless `cfg` says otherwise)."""
-    return rollout_job(replace(cfg, model=model), root, name, "eval", reporter, backend)
+    return rollout_job(replace(cfg, model=model), root, name, "eval", reporter, backend, private_hook=private_hook)
 
 
 def world_model_job(model: str, cfg: RolloutConfig, root: str | Path = "runs", name: str | None = None,
@@ -240,10 +241,10 @@ def _table_run(root: Path, name: str, kind: str, config: dict[str, Any], model: 
 
 
 def _play_cell(root: Path, run_name: str, cfg: RolloutConfig, backends: dict[str, Any], reporter: Reporter,
-               label: str) -> dict[str, Any]:
-    """One cell of a grid (a sweep's, a suite's): its eval run's summary. A cell whose run completed before is
-    kept; an unfinished one is redone beside the old and swapped in when done (a reader meanwhile sees the old
-    cell, never a missing folder). `backends` holds the one model in memory (one server running) at a time."""
+               label: str, private_hook=None) -> dict[str, Any]:
+    """One cell of a grid (a sweep's, a suite's, a ladder's): its eval run's summary. A cell whose run completed
+    before is kept; an unfinished one is redone beside the old and swapped in when done (a reader meanwhile sees the
+    old cell, never a missing folder). `backends` holds the one model in memory (one server running) at a time."""
     from envace.policy import load_backend
 
     cell_root = root
@@ -263,7 +264,7 @@ def _play_cell(root: Path, run_name: str, cfg: RolloutConfig, backends: dict[str
             load_backend(cfg.model, cfg.max_batch_tokens, cfg.backend, say=reporter.say)
     if hasattr(backends[cfg.model], "clear_caches"):
         backends[cfg.model].clear_caches()
-    _, summary = eval_job(cfg.model, cfg, cell_root, run_name, reporter, backends[cfg.model])
+    _, summary = eval_job(cfg.model, cfg, cell_root, run_name, reporter, backends[cfg.model], private_hook)
     if cell_root != root:
         swap_in(cell_root / run_name, root / run_name)
     return summary

@@ -104,6 +104,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("imagined_steps", pa.int32()),   # caller messages over all imagined attempts
         ("wall_s", pa.float64()),         # the batched rehearsal phase's wall time, divided by its episodes
         ("decision_changed", pa.bool_()),  # greedy first action differs without the memory (when measured)
+        # the private-rehearsal ladder (`envace private-ladder`; NULL elsewhere): the rung that wrote the memory,
+        # the calls it was written from (JSON [{name, arguments, failed}]: imagined, or the turn's gold), and its
+        # fidelity: the tool answers it was written from against the real answers to the same calls (value accuracy
+        # and exact match, over `fidelity_pairs` calls; 1 where they are real answers)
+        ("rung", pa.string()), ("imagined_calls", pa.string()),
+        ("fidelity", pa.float64()), ("fidelity_exact", pa.float64()), ("fidelity_pairs", pa.int32()),
     ]),
     # One row per imagined attempt, linked to the committed turn it informed by (episode_id, turn).
     "imagined": pa.schema(_KEY + [
@@ -121,6 +127,36 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("cell_run", pa.string()), ("episodes", pa.int32()),
         ("success_rate", pa.float64()), ("checklist", pa.float64()), ("well_formed_rate", pa.float64()),
         ("private_tokens_per_episode", pa.float64()), ("wall_s_per_episode", pa.float64()),
+    ]),
+    # One row per comparison of a private-rehearsal ladder (`envace private-ladder`): a rung's cells against N = 0
+    # or against the rehearsed rung, paired by turn and pooled over seeds (`envace.compare.row`); p-values
+    # Holm-adjusted over the whole table.
+    "ladder": pa.schema([
+        ("run_id", pa.string()),          # the ladder
+        ("label", pa.string()), ("rung", pa.string()),  # the model, and the rung (B)
+        ("vs", pa.string()),              # what it is compared with (A): none (N = 0) | rehearsed
+        ("delta_per_seed", pa.string()),  # each seed's mean difference, " / "-joined
+        ("pairs", pa.int32()), ("a", pa.float64()), ("b", pa.float64()), ("delta", pa.float64()),
+        ("lo", pa.float64()), ("hi", pa.float64()),  # 95% interval of delta, resampled by task
+        ("mde", pa.float64()),            # minimum detectable effect at 80% power for these pairs
+        ("up", pa.int32()), ("down", pa.int32()),  # items scored on B's side only / on A's only
+        ("mcnemar_p", pa.float64()), ("holm_mcnemar_p", pa.float64()),
+        ("permutation_p", pa.float64()), ("holm_permutation_p", pa.float64()),
+    ]),
+    # One row per committed turn of a ladder's rung cell: what its memory did (the cell's `memories` row joined
+    # with its committed first call).
+    "ladder_turns": pa.schema([
+        ("run_id", pa.string()),          # the ladder
+        ("label", pa.string()), ("rung", pa.string()), ("seed", pa.int32()), ("cell_run", pa.string()),
+        ("episode_id", pa.string()), ("task_uid", pa.string()), ("turn", pa.int32()),
+        ("checklist", pa.float64()),      # the committed episode's
+        ("memory", pa.string()), ("memory_error", pa.string()),
+        ("decision_changed", pa.bool_()),  # the memory changed the committed first action (greedy, with and without)
+        ("imagined_calls", pa.string()),  # as in `memories`
+        ("committed_call", pa.string()),  # JSON {name, arguments} of the committed turn's first call; NULL: none
+        ("copied", pa.bool_()),           # it is one of the imagined calls, name and arguments (NULL: no call or none)
+        ("copied_failed", pa.bool_()),    # it copies an imagined call that failed
+        ("fidelity", pa.float64()), ("fidelity_exact", pa.float64()), ("fidelity_pairs", pa.int32()),
     ]),
     # One row per (step, phase, role, metric) of a training run: long format, easy to plot and filter.
     "metrics": pa.schema([

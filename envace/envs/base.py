@@ -84,6 +84,13 @@ class Environment(ABC):
         names (a rehearsal of the same text would count as a success)."""
         return json_error(content)
 
+    def copy_state(self) -> Environment | None:
+        """A new environment in this one's current state, for a what-if: calls on the copy never reach this one (the
+        private-rehearsal ladder plays an imagined attempt on one, `envace.private.ladder`). None, the default: the
+        state cannot be copied, and whatever needs a copy refuses, naming the environment. Override it where the
+        state can be copied whole."""
+        return None
+
     def dispatchable(self, call: ToolCall, tools: dict[str, dict[str, Any]] | None = None) -> tuple[str, str] | None:
         """Why this environment would refuse `call` before running it (error kind, message), or None."""
         return check_call(call, self._tools if tools is None else tools, self.validate_arguments)

@@ -75,6 +75,19 @@ class BFCLEnv(Environment):
             if not name.startswith("_"):
                 self._methods[name] = method
 
+    def copy_state(self) -> BFCLEnv | None:
+        """The episode's instances deep-copied (they hold all of its state), bound methods rebuilt on the copies: a
+        multi-turn episode's. A memory category's backend keeps its state in files, and a single-turn item runs
+        nothing: None."""
+        if self.task is None or self.single or self.task.category in memory.CATEGORIES:
+            return None
+        twin = type(self)()
+        twin.task, twin._tools, twin._user_tools, twin.single = self.task, self._tools, self._user_tools, False
+        twin.instances, twin._methods = {}, {}
+        for class_name, instance in copy.deepcopy(self.instances).items():  # one memo: shared objects stay shared
+            twin._add_instance(class_name, instance)
+        return twin
+
     def positional_names(self, function: str) -> list[str]:
         return list(inspect.signature(self._methods[function]).parameters)
 
