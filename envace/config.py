@@ -189,16 +189,28 @@ class PrivateOptions(Config):
     memory_tokens: int = doc("token budget of the rehearsal memory the summariser writes", 96)
     temperature: float = doc("sampling temperature of imagined attempts (parallel attempts need > 0 to differ)",
                              1.0)
-    memory: Literal["summary", "transcript"] = doc(
+    memory: Literal["summary", "transcript", "select"] = doc(
         "how the attempts become the memory: summary (the policy, as summariser, writes it) | transcript (each "
         "attempt's calls with their rehearsed results and named errors, condensed without generating; what a "
-        "model too small to summarise can use)", "summary")
+        "model too small to summarise can use) | select (no memory: each attempt is scored by its imagined outcome, "
+        "select_by, and the best one's first message is committed as the turn's first; parallel only)", "summary")
+    select_by: Literal["judge", "checklist"] = doc(
+        "memory = select: how an imagined attempt's outcome is scored. judge (the rehearser, shown the request and "
+        "the attempt, answers whether it did what was asked: yes/no, scored by the answer's probability; needs no "
+        "gold, any environment) | checklist (the task's gold calls checked against the attempt's issued calls: an "
+        "oracle ceiling of selection that reads the task's own gold, not a method)", "judge")
     measure_change: bool = doc("also generate the committed turn's first action without the memory (greedy) and "
                                "record whether the memory changed it", False)
 
     def validate(self) -> None:
         at_least(self, 0, "budget", "temperature")
         at_least(self, 1, "max_steps", "memory_tokens")
+        if self.memory == "select" and self.budget == 0 and self.mode != "none":  # mode none: nothing is asked
+            raise UsageError("memory: select commits the best of the N imagined attempts, and budget 0 has none; "
+                             "set budget >= 1 (budget 0 is the plain policy)")
+        if self.memory == "select" and self.mode == "sequential":
+            raise UsageError("memory: select scores independent attempts and writes no memory for a next round; "
+                             "use mode parallel")
 
     @property
     def active(self) -> bool:

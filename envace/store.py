@@ -98,6 +98,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("turn", pa.int32()),
         ("mode", pa.string()), ("budget", pa.int32()), ("scope", pa.string()),  # parallel|sequential, N, turn|episode
         ("memory_kind", pa.string()),     # summary (the summariser wrote it) | transcript (condensed, not generated)
+        # | select (no memory: the best-scored attempt's first message was committed)
         ("memory", pa.string()),          # appended to the user's message of the committed turn ("" = none)
         ("memory_error", pa.string()),    # None, or why a summary was not usable (empty_memory, tool_call_in_memory)
         ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()), ("summariser_tokens", pa.int32()),
@@ -110,6 +111,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         # and exact match, over `fidelity_pairs` calls; 1 where they are real answers)
         ("rung", pa.string()), ("imagined_calls", pa.string()),
         ("fidelity", pa.float64()), ("fidelity_exact", pa.float64()), ("fidelity_pairs", pa.int32()),
+        # memory = select (NULL otherwise): how the attempts were scored (judge | checklist), the `imagined.attempt`
+        # whose first message was committed, and its imagined score (NULL: no attempt wrote a message)
+        ("select_by", pa.string()), ("selected_attempt", pa.int32()), ("selected_score", pa.float64()),
     ]),
     # One row per imagined attempt, linked to the committed turn it informed by (episode_id, turn).
     "imagined": pa.schema(_KEY + [
@@ -117,7 +121,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("memory_seen", pa.string()),     # sequential: the memory of the attempts before it
         ("transcript", pa.string()),      # the imagined turn: Assistant / Tool[name] / User lines
         ("termination", pa.string()), ("n_steps", pa.int32()), ("n_calls", pa.int32()),
-        ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()),
+        ("caller_tokens", pa.int32()), ("rehearser_tokens", pa.int32()),  # rehearser: its judgement's too
+        ("score", pa.float64()),          # memory = select: the attempt's imagined outcome in [0, 1]; NULL otherwise
+        ("judgement", pa.string()),       # memory = select by judge: the rehearser's answer; NULL otherwise
     ]),
     # One row per cell of a private-rehearsal budget sweep (`envace sweep`); each cell is its own eval run.
     "sweep": pa.schema([

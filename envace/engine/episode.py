@@ -78,6 +78,9 @@ class Episode:
     # its batch's, so an episode done after one turn is not charged the slowest one's
     demo: list[dict[str, Any]] | None = None  # the caller's worked example, re-rendered with a memory
     open_turn: bool = False  # the current user turn awaits its private-rehearsal memory before rendering
+    # the current turn's first caller message, already written by the imagined attempt private rehearsal chose
+    # (`memory = "select"`): the engine commits it instead of sampling one
+    chosen: Generation | None = None
     memories: list[dict[str, Any]] = field(default_factory=list)  # one per privately rehearsed turn
     imagined: list[dict[str, Any]] = field(default_factory=list)  # one per imagined attempt
     shadowed: bool | None = None  # drawn once by a partial shadow: does the real world answer beside?

@@ -3,7 +3,8 @@
     while an episode is playing:
         open user turns wait for their private-rehearsal memory (`before_turn`), if any
         episodes waiting on a simulated user get their next user message (`user.UserSimulator`)
-        every episode waiting on the caller goes to the backend in ONE call
+        every episode waiting on the caller goes to the backend in ONE call (save a turn's first message that
+            private rehearsal chose among its imagined attempts: committed as written, `memory = select`)
         each message is parsed: a plain answer ends the user turn; its calls go to the WORLD
         the world answers every pending call of every episode (`worlds.World.answer`)
         the answers are appended to each caller context as token ids; the episode waits on the caller again
@@ -259,8 +260,7 @@ class RolloutEngine:
             waiting = [ep for ep in episodes if ep.termination is None and not ep.open_turn]
             if not waiting:
                 break
-            gens = self.sampler([list(ep.ids) for ep in waiting], self.config.max_new_tokens,
-                                tasks=[ep.task.uid for ep in waiting])
+            gens = self._generate(waiting)
             pending = [(ep, calls) for ep, gen in zip(waiting, gens, strict=True)
                        if (calls := self._on_generation(ep, gen))]
             if pending:
@@ -270,6 +270,17 @@ class RolloutEngine:
                     self._on_answers(ep, calls, [next(answers) for _ in calls])
             if self.on_step:
                 self.on_step(len(waiting), self.sampler.tokens)
+
+    def _generate(self, waiting: list[Episode]) -> list[Generation]:
+        """The next caller message of each waiting episode: one backend call, save for a first message private
+        rehearsal already chose (`Episode.chosen`), which is committed as it was written."""
+        fresh = [ep for ep in waiting if ep.chosen is None]
+        sampled = iter(self.sampler([list(ep.ids) for ep in fresh], self.config.max_new_tokens,
+                                    tasks=[ep.task.uid for ep in fresh]) if fresh else [])
+        gens = [ep.chosen if ep.chosen is not None else next(sampled) for ep in waiting]
+        for ep in waiting:
+            ep.chosen = None
+        return gens
 
     def batches(self, tasks: list[Task]) -> Iterator[list[tuple[Task, int]]]:
         """Every task `group_size` times, `batch_size` episodes at a time (a task's group stays together)."""

@@ -5,7 +5,9 @@ the prompt it is given (rendered by our own `ChatRenderer`), recovers the user t
 that step's ground-truth call, or "Done." once the turn's calls are made (the task's `reference_answer` at the
 end of its last turn, where it has one). As rehearser it answers a call
 with the real result of the matching reference call; as a simulated user it says the task's scripted
-messages; as summariser it writes a memory naming what it was written from. Running the
+messages; as summariser it writes a memory naming what it was written from; as the judge of an imagined
+attempt (private rehearsal's `memory = select`) it says yes when the attempt made every gold call of the turn
+judged, as the caller writes it, and no otherwise. Running the
 rollout engine with it yields exactly the rows a perfect policy would produce, token for token in
 the engine's own prompts: SFT data for the warm-up, and an end-to-end check of engine, environment
 and checker.
@@ -24,6 +26,8 @@ _CALL_HEADER = "## Call to simulate\n"
 _HISTORY_HEADER = "## Conversation so far\n"
 _ATTEMPT_HEADER = "## Imagined attempt"
 _MEMORY = "\n\n<rehearsal_memory>"
+_JUDGE_HEADER = "## Attempt to judge\n"  # `private.selection.judge_prompt`'s
+_REQUEST_HEADER = "## User request\n"
 
 
 class ReferencePolicy:
@@ -119,13 +123,29 @@ class ReferencePolicy:
         before = text.split("## Memory so far\n", 1)[1].split("\n\n")[0] if "## Memory so far\n" in text else ""
         return f"[{before}] + {attempts} attempt(s)" if before else f"{attempts} attempt(s)"
 
+    @staticmethod
+    def _judge(text: str, task: Task | None) -> str:
+        """yes when the attempt's messages made every gold call of the turn its request opens (as `_caller` writes
+        them: same name, same arguments), no otherwise."""
+        if task is None:
+            raise LookupError("the reference policy holds no task for this judge prompt")
+        request = text.split(_REQUEST_HEADER, 1)[1].split("\n\n" + _JUDGE_HEADER, 1)[0]
+        attempt = text.split(_JUDGE_HEADER, 1)[1]
+        turn = next((k for k, t in enumerate(task.user_turns) if t == request), None)
+        gold = task.reference[turn] if turn is not None and turn < len(task.reference) else []
+        made = [render_tool_call(s.call) in attempt for s in gold]
+        return "yes" if all(made) and turn is not None else "no"
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.calls += 1
         self.prompts.extend(prompts)
         out = []
         for n, prompt in enumerate(prompts):
             text = self.tokenizer.decode(prompt, skip_special_tokens=False)
-            if _ATTEMPT_HEADER in text:
+            if _JUDGE_HEADER in text:
+                uid = params.tasks[n] if n < len(params.tasks) else None
+                reply = self._judge(text, self.task_of(uid, text))
+            elif _ATTEMPT_HEADER in text:
                 reply = self._summariser(text)
             else:
                 task = self.task_of(params.tasks[n] if n < len(params.tasks) else None, text)

@@ -9,6 +9,8 @@ the user's message and executed for real, once.
 - parallel: N independent attempts, summarised together.
 - sequential: N rounds of one attempt; attempt k sees the memory of attempts 1..k−1 in its user
   message, and the summariser revises that memory after it.
+- memory = select (parallel): no memory; the attempts are scored by their imagined outcome and the best one's
+  first message is committed as the turn's first (`selection.py`).
 
 `PrivateRehearsal` is the engine's before-turn hook. All attempts of all episodes that open a turn at
 the same step advance together in a sub-engine whose world is a `RehearsedWorld` (one backend call per
@@ -31,6 +33,7 @@ from envace.engine.sampler import Sampler
 from envace.engine.worlds import RehearsedWorld
 from envace.fidelity import call_key
 from envace.formats import parse_tool_calls, strip_thinking
+from envace.private import selection
 from envace.private.memory import attempt_lines, parse_memory, transcript_memory
 from envace.types import Role
 
@@ -76,6 +79,7 @@ class PrivateRehearsal:
                 for _ in episodes]
         rounds, width = (1, o.budget) if o.mode == "parallel" else (o.budget, 1)
         seen: list[list[list[str]]] = [[] for _ in episodes]  # each episode's attempts so far, as memory lines
+        played: list[list[Episode]] = [[] for _ in episodes]  # each episode's attempts, for memory = select
         for r in range(rounds):
             attempts = [(i, self._imagine(engine, ep, memory[i] if o.mode == "sequential" else "", r * width + k))
                         for i, ep in enumerate(episodes) for k in range(width)]
@@ -86,6 +90,7 @@ class PrivateRehearsal:
                 transcript = attempt.history[len(ep.history):]
                 transcripts[i].append(transcript)
                 seen[i].append(attempt_lines(attempt.calls, attempt.texts, attempt.termination))
+                played[i].append(attempt)
                 tokens = {role: sum(len(g.gen.ids) for g in attempt.of_role(role))
                           for role in (Role.CALLER, Role.REHEARSER)}
                 steps = len(attempt.of_role(Role.CALLER))
@@ -98,6 +103,8 @@ class PrivateRehearsal:
                     "transcript": "\n".join(f"{who}: {text}" for who, text in transcript),
                     "termination": attempt.termination, "n_steps": steps, "n_calls": len(attempt.calls),
                     "caller_tokens": tokens[Role.CALLER], "rehearser_tokens": tokens[Role.REHEARSER]})
+            if o.memory == "select":  # no memory: the attempts are scored and one is chosen, below
+                continue
             if o.memory == "transcript":  # every attempt so far, condensed; nothing generated
                 memory = [transcript_memory(seen[i], engine.renderer.encode, o.memory_tokens)
                           for i in range(len(episodes))]
@@ -112,6 +119,7 @@ class PrivateRehearsal:
                     errors[i].append(error)
                 else:
                     memory[i] = text
+        chosen = self._choose(sub, episodes, played, cost) if o.memory == "select" else [{} for _ in episodes]
         engine.sampler.generation_s += sub.sampler.generation_s
         changed = self._decision_changed(engine, episodes, memory) if o.measure_change else [None] * len(episodes)
         wall = (time.perf_counter() - started) / len(episodes)  # the phase is shared by the episodes batched in it
@@ -119,12 +127,40 @@ class PrivateRehearsal:
             ep.memories.append({"episode_id": ep.episode_id, "turn": ep.turn, "mode": o.mode, "budget": o.budget,
                                 "scope": o.scope, "memory_kind": o.memory, "memory": memory[i],
                                 "memory_error": ",".join(errors[i]) or None,
-                                **cost[i], "wall_s": wall, "decision_changed": changed[i]})
+                                **cost[i], "wall_s": wall, "decision_changed": changed[i], **chosen[i]})
         return memory
 
-    @staticmethod
-    def _decision_changed(engine: RolloutEngine, episodes: list[Episode], memory: list[str]) -> list[bool]:
-        """Greedy first action of each committed turn without and with its memory: did the memory change it?"""
+    def _choose(self, sub: RolloutEngine, episodes: list[Episode], played: list[list[Episode]],
+                cost: list[dict[str, int]]) -> list[dict[str, object]]:
+        """memory = select: score each episode's attempts (the rehearser judging, or the checklist), record the
+        scores on their `imagined` rows, and hand the best attempt's first message to the engine to commit
+        (`Episode.chosen`). Returns each episode's `memories` columns for the choice."""
+        scored = selection.score(self.options, sub.world.rehearser, episodes, played)
+        out = []
+        for ep, attempts, marks, spent in zip(episodes, played, scored, cost, strict=True):
+            rows = ep.imagined[len(ep.imagined) - len(attempts):]
+            for row, mark in zip(rows, marks, strict=True):
+                row.update(score=mark["score"], judgement=mark["judgement"])
+                row["rehearser_tokens"] += mark["judge_tokens"]  # the judge is the rehearser
+                spent["rehearser_tokens"] += mark["judge_tokens"]
+            messages = [selection.first_message(a) for a in attempts]
+            k = selection.best([m["score"] for m in marks], messages)
+            ep.chosen = messages[k] if k is not None else None
+            errors = ",".join(sorted({m["error"] for m in marks if m["error"]})) or None
+            out.append({"select_by": self.options.select_by, "memory_error": errors,
+                        "selected_attempt": rows[k]["attempt"] if k is not None else None,
+                        "selected_score": marks[k]["score"] if k is not None else None})
+        return out
+
+    def _decision_changed(self, engine: RolloutEngine, episodes: list[Episode], memory: list[str]) -> list[bool]:
+        """Greedy first action of each committed turn without and with its memory: did the memory change it?
+        With memory = select: does the chosen attempt's first action differ from the plain greedy one?"""
+        if self.options.memory == "select":
+            gens = engine.sampler([engine.turn_ids(ep) for ep in episodes], engine.config.max_new_tokens,
+                                  greedy=True, tasks=[ep.task.uid for ep in episodes])
+            return [ep.chosen is not None and call_key(parse_tool_calls(strip_thinking(g.text)).calls) !=
+                    call_key(parse_tool_calls(strip_thinking(ep.chosen.text)).calls)
+                    for ep, g in zip(episodes, gens, strict=True)]
         prompts = [engine.turn_ids(ep, m) for ep, m in zip(episodes, memory, strict=True) for m in ("", m)]
         gens = engine.sampler(prompts, engine.config.max_new_tokens, greedy=True,
                               tasks=[ep.task.uid for ep in episodes for _ in ("", "memory")])
