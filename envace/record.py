@@ -103,37 +103,36 @@ def write_step(run: Run, step: int, episodes: list[Episode], rows: list[dict[str
         run.write("episodes", shard, [{**key, **row} for row in rows])
 
 
+# The episode row's columns a job adds up, by the name of their total (`summary.calls`, `summary.turns`, …).
+SUMMED = {"checklist": "checklist", "turns": "n_turns", "caller_messages": "n_steps", "calls": "n_calls",
+          "parse_errors": "n_parse_errors", "well_formed": "n_well_formed", "generated_tokens": "generated_tokens",
+          "private_tokens": "private_tokens"}
+
+
 @dataclass
 class Summary:
     """Counters over a whole job, for the closing table and `run.json`."""
 
     episodes: int = 0
     successes: int = 0
-    checklist: float = 0.0
-    turns: int = 0
-    caller_messages: int = 0
-    calls: int = 0
-    parse_errors: int = 0
-    well_formed: int = 0
     pairs: int = 0
-    generated_tokens: int = 0
-    private_tokens: int = 0
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUMMED, 0))
+    terminations: dict[str, int] = field(default_factory=dict)
     generation_s: float = 0.0
     wall_s: float = 0.0
-    terminations: dict[str, int] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> float:  # only for names that are not fields: the SUMMED totals
+        totals = self.__dict__.get("totals", {})
+        if name not in totals:
+            raise AttributeError(name)
+        return totals[name]
 
     def add(self, row: dict[str, Any], pairs: int) -> None:
         self.episodes += 1
         self.successes += bool(row["success"])
-        self.checklist += row["checklist"]
-        self.turns += row["n_turns"]
-        self.caller_messages += row["n_steps"]
-        self.calls += row["n_calls"]
-        self.parse_errors += row["n_parse_errors"]
-        self.well_formed += row["n_well_formed"]
         self.pairs += pairs
-        self.generated_tokens += row["generated_tokens"]
-        self.private_tokens += row["private_tokens"]
+        for name, column in SUMMED.items():
+            self.totals[name] += row[column]
         self.terminations[row["termination"]] = self.terminations.get(row["termination"], 0) + 1
 
     def as_dict(self) -> dict[str, Any]:

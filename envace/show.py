@@ -3,12 +3,13 @@
 rollout / eval: episodes per category and phase, the rubric judge's sub-score when the run was judged
 (`envace judge`), the most called tools; train: the SFT warm-up, every GRPO step per role, where the steps'
 time went (each part's busy share, the staleness of what was trained), the evaluations,
-the stored episodes per phase (and the rubric judge's); sweep: its cells. Each table reads the store only, so
-a run that is still writing shows what it has so far.
+the stored episodes per phase (and the rubric judge's); sweep: its cells; ladder: its comparisons and per-turn
+diagnosis. Each table reads the store only, so a run that is still writing shows what it has so far.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group
@@ -30,30 +31,33 @@ def warnings(index: StoreIndex, run_id: str) -> list[str]:
     return [w for w in index.warnings if f"/{run_id}/" in w or f"run {run_id}:" in w]
 
 
-def _episodes(con, run_id: str) -> Table | None:
-    rows = con.execute(
-        "SELECT category, phase, count(*), avg(success::INT), avg(checklist), sum(n_calls), sum(n_parse_errors), "
-        "sum(n_rehearsal_errors) FROM episodes WHERE run_id = ? GROUP BY ALL ORDER BY phase, category",
-        [run_id]).fetchall()
+def _query_table(con, sql: str, run_id: str, title: str, columns: tuple[str, ...],
+                 cells: Callable[..., tuple[str, ...]]) -> Table | None:
+    """One line per row of `sql` (its one parameter: the run), formatted by `cells`; None when it has none."""
+    rows = con.execute(sql, [run_id]).fetchall()
     if not rows:
         return None
-    table = Table("category", "phase", "episodes", "success", "checklist", "calls", "parse errors",
-                  "rehearsal errors", title="stored episodes")
-    for category, phase, n, success, checklist, calls, errors, rehearsal in rows:
-        table.add_row(str(category), str(phase), str(n), f"{success:.1%}", _fmt(checklist), str(calls), str(errors),
-                      str(rehearsal))
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*cells(*row))
     return table
+
+
+def _episodes(con, run_id: str) -> Table | None:
+    return _query_table(
+        con, "SELECT category, phase, count(*), avg(success::INT), avg(checklist), sum(n_calls), sum(n_parse_errors), "
+        "sum(n_rehearsal_errors) FROM episodes WHERE run_id = ? GROUP BY ALL ORDER BY phase, category", run_id,
+        "stored episodes", ("category", "phase", "episodes", "success", "checklist", "calls", "parse errors",
+                            "rehearsal errors"),
+        lambda category, phase, n, success, checklist, calls, errors, rehearsal: (
+            str(category), str(phase), str(n), f"{success:.1%}", _fmt(checklist), str(calls), str(errors),
+            str(rehearsal)))
 
 
 def _tools(con, run_id: str) -> Table | None:
-    rows = con.execute("SELECT name, count(*) AS n, avg(is_error::INT) FROM calls WHERE run_id = ? GROUP BY name "
-                       "ORDER BY n DESC, name LIMIT 10", [run_id]).fetchall()
-    if not rows:
-        return None
-    table = Table("tool", "calls", "error rate", title="most called tools")
-    for name, n, err in rows:
-        table.add_row(name, str(n), f"{err:.1%}")
-    return table
+    return _query_table(con, "SELECT name, count(*) AS n, avg(is_error::INT) FROM calls WHERE run_id = ? GROUP BY "
+                        "name ORDER BY n DESC, name LIMIT 10", run_id, "most called tools",
+                        ("tool", "calls", "error rate"), lambda name, n, err: (name, str(n), f"{err:.1%}"))
 
 
 _STEP_METRICS = (("caller", "reward_mean"), ("rehearser", "reward_mean"), ("caller", "signal_groups"),
@@ -131,15 +135,47 @@ def _summary(meta: dict[str, Any]) -> Table | None:
 
 
 def _sweep(con, run_id: str) -> Table | None:
-    rows = con.execute("SELECT label, mode, budget, episodes, success_rate, checklist, private_tokens_per_episode, "
-                       "cell_run FROM sweep WHERE run_id = ? ORDER BY label, mode, budget", [run_id]).fetchall()
+    return _query_table(
+        con, "SELECT label, mode, budget, episodes, success_rate, checklist, private_tokens_per_episode, cell_run "
+        "FROM sweep WHERE run_id = ? ORDER BY label, mode, budget", run_id, "sweep cells",
+        ("model", "mode", "N", "episodes", "success", "checklist", "private tokens / episode", "cell run"),
+        lambda label, mode, budget, episodes, success, checklist, tokens, cell: (
+            label, mode, str(budget), str(episodes), _fmt(success, ".1%"), _fmt(checklist), _fmt(tokens, ".0f"),
+            cell))
+
+
+def _ladder(con, meta: dict[str, Any]) -> Table | None:
+    """A private-rehearsal ladder's comparisons (`envace private-ladder`): each rung against N = 0 and against the
+    rehearsed memory, paired by turn, Holm-adjusted over the table (its caption names the family)."""
+    rows = con.execute("SELECT label, rung, vs, pairs, a, b, delta, lo, hi, mde, up, down, mcnemar_p, holm_mcnemar_p, "
+                       "permutation_p, holm_permutation_p FROM ladder WHERE run_id = ?", [meta["run_id"]]).fetchall()
     if not rows:
         return None
-    table = Table("model", "mode", "N", "episodes", "success", "checklist", "private tokens / episode", "cell run",
-                  title="sweep cells")
-    for label, mode, budget, episodes, success, checklist, tokens, cell in rows:
-        table.add_row(label, mode, str(budget), str(episodes), _fmt(success, ".1%"), _fmt(checklist),
-                      _fmt(tokens, ".0f"), cell)
+    table = Table("model", "rung", "vs", "pairs", "A", "B", "Δ = B − A", "95% CI", "MDE 80%", "up/down",
+                  "McNemar p (Holm)", "permutation p (Holm)", caption=(meta.get("summary") or {}).get("caption"),
+                  title="private-rehearsal ladder: each rung against N = 0 and the rehearsed memory, paired by turn "
+                        "(95% interval resampled by task)")
+    for label, rung, vs, pairs, a, b, delta, lo, hi, mde, up, down, mc, mc_holm, perm, perm_holm in rows:
+        table.add_row(label, rung, vs, str(pairs), _fmt(a), _fmt(b), _fmt(delta, "+.3f"),
+                      f"{_fmt(lo, '+.3f')} … {_fmt(hi, '+.3f')}", _fmt(mde), f"{up}/{down}",
+                      f"{_fmt(mc)} ({_fmt(mc_holm)})", f"{_fmt(perm)} ({_fmt(perm_holm)})")
+    return table
+
+
+def _ladder_turns(con, run_id: str) -> Table | None:
+    """What each rung's memory did, turn by turn (`envace.private.ladder.diagnosis`)."""
+    from envace.private.ladder import DIAGNOSIS, diagnosis
+
+    cursor = con.execute("SELECT label, rung, memory, decision_changed, copied, copied_failed, fidelity, "
+                         "fidelity_exact FROM ladder_turns WHERE run_id = ?", [run_id])
+    names = [d[0] for d in cursor.description]
+    summary = diagnosis([dict(zip(names, r, strict=True)) for r in cursor.fetchall()])
+    if not summary:
+        return None
+    table = Table(*DIAGNOSIS, title="per turn: the memory changed the committed first action / the committed call "
+                                    "copies an imagined one / fidelity of the answers it was written from")
+    for r in summary:
+        table.add_row(*(_fmt(r[c]) for c in DIAGNOSIS))
     return table
 
 
@@ -193,6 +229,8 @@ def tables(con, meta: dict[str, Any]) -> list[Table | Group]:
         parts = [_sweep(con, run_id)]
     elif kind == "study":
         parts = [_study(con, meta)]
+    elif kind == "ladder":
+        parts = [_ladder(con, meta), _ladder_turns(con, run_id)]
     else:
         parts = [_episodes(con, run_id), _judgements(con, run_id), _tools(con, run_id)]
     return [t for t in parts if t is not None]

@@ -13,7 +13,7 @@ lookup by id sees; delivery orders replace entries with ordered copies, in-store
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 ORDER_KEYS = ("order_id", "order_type", "user_id", "store_id", "note", "location", "dispatch_time",
@@ -23,6 +23,17 @@ ORDER_KEYS = ("order_id", "order_type", "user_id", "store_id", "note", "location
 
 def _float(value: Any) -> Any:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _from_data(cls: Any, raw: dict[str, Any]) -> Any:
+    """A flat record from its data: each field by name, its default where the data lacks it, floats as floats."""
+    return cls(**{f.name: _float(raw.get(f.name, f.default)) if f.type == "float" else raw.get(f.name, f.default)
+                  for f in fields(cls)})
+
+
+def _form(record: Any, *names: str) -> str:
+    """Upstream's `Class(name=value, …)` text of a record, its fields in the order upstream prints them."""
+    return f"{type(record).__name__}(" + ", ".join(f"{name}={getattr(record, name)}" for name in names) + ")"
 
 
 @dataclass
@@ -68,8 +79,7 @@ class Store:
     products: list[StoreProduct]
 
     def __str__(self) -> str:
-        return (f"Store(name={self.name}, store_id={self.store_id}, score={self.score}, location={self.location}, "
-                f"tags={self.tags})")
+        return _form(self, "name", "store_id", "score", "location", "tags")
 
     def long_form(self) -> str:
         """get_delivery_store_info's form: no closing bracket after the product lines (upstream's)."""
@@ -78,16 +88,15 @@ class Store:
 
 @dataclass
 class ShopProduct:
+    shop_id: str
     product_id: str
     name: str
-    shop_id: str
     price: float
     quantity: int
     tags: list[str]
 
     def __repr__(self) -> str:
-        return (f"ShopProduct(shop_id={self.shop_id}, product_id={self.product_id}, name={self.name}, "
-                f"price={self.price}, quantity={self.quantity}, tags={self.tags})")
+        return _form(self, "shop_id", "product_id", "name", "price", "quantity", "tags")
 
     __str__ = __repr__
 
@@ -104,10 +113,9 @@ class Shop:
     enable_reservation: bool
     products: list[ShopProduct]
 
-    def __str__(self) -> str:
-        return (f"Shop(shop_name={self.shop_name}, shop_id={self.shop_id}, score={self.score}, "
-                f"location={self.location}, tags={self.tags}, enable_book={self.enable_book}, "
-                f"book_price={self.book_price}, enable_reservation={self.enable_reservation})")
+    def __str__(self) -> str:  # its products left out (upstream's)
+        return _form(self, "shop_name", "shop_id", "score", "location", "tags", "enable_book", "book_price",
+                     "enable_reservation")
 
 
 @dataclass
@@ -160,21 +168,25 @@ class Order:
 
 
 @dataclass
-class Booking:
-    book_id: str
-    shop_id: str
-    book_time: str
-    update_time: str
-    customer_id: str
-    customer_count: int
-    book_price: float
-    status: str
+class Appointment:
+    """What a table booking and a service reservation share: a customer's party at a shop, and its status."""
+
+    shop_id: str = ""
+    customer_id: str = ""
+    customer_count: int = 1
+    update_time: str = ""
+    status: str = ""
+
+
+@dataclass
+class Booking(Appointment):
+    book_id: str = ""
+    book_time: str = ""
+    book_price: float = 0.0
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> Booking:
-        return cls(raw.get("book_id", ""), raw.get("shop_id", ""), raw.get("book_time", ""),
-                   raw.get("update_time", ""), raw.get("customer_id", ""), raw.get("customer_count", 1),
-                   _float(raw.get("book_price", 0.0)), raw.get("status", ""))
+        return _from_data(cls, raw)
 
     def __str__(self) -> str:  # no space after the first comma, no closing parenthesis (upstream's)
         return (f"BookInfo(book_id={self.book_id},shop_id={self.shop_id}, book_time={self.book_time}, "
@@ -183,20 +195,13 @@ class Booking:
 
 
 @dataclass
-class Reservation:
-    reservation_id: str
-    shop_id: str
-    reservation_time: str
-    update_time: str
-    customer_id: str
-    customer_count: int
-    status: str
+class Reservation(Appointment):
+    reservation_id: str = ""
+    reservation_time: str = ""
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> Reservation:
-        return cls(raw.get("reservation_id", ""), raw.get("shop_id", ""), raw.get("reservation_time", ""),
-                   raw.get("update_time", ""), raw.get("customer_id", ""), raw.get("customer_count", 1),
-                   raw.get("status", ""))
+        return _from_data(cls, raw)
 
     def __str__(self) -> str:
         return (f"ReservationInfo(reservation_id={self.reservation_id},shop_id={self.shop_id}, "
@@ -232,7 +237,7 @@ def _store(raw: dict[str, Any]) -> Store:
 
 
 def _shop(raw: dict[str, Any]) -> Shop:
-    products = [ShopProduct(p["product_id"], p.get("name", ""), p.get("shop_id", raw["shop_id"]),
+    products = [ShopProduct(p.get("shop_id", raw["shop_id"]), p["product_id"], p.get("name", ""),
                             _float(p.get("price", 0.0)), p.get("quantity", 0), list(p.get("tags", [])))
                 for p in raw.get("products", [])]
     return Shop(raw["shop_id"], raw.get("shop_name", ""), _float(raw.get("score", 0.0)), Location.of(raw["location"]),

@@ -13,7 +13,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from envace.envs.vitabench.db import Location, Order, Store, StoreProduct
+from envace.envs.vitabench.db import Location, Order, StoreProduct
 from envace.envs.vitabench.fuzzy import geocode_match, keyword_query, rank
 from envace.envs.vitabench.tools_shared import DATETIME, SharedTools, ToolError, haversine, parse_time
 
@@ -26,17 +26,9 @@ def distance_to_minutes(distance: float) -> float:
 class DeliveryTools(SharedTools):
     ID_PREFIX = "OT"
     ID_TAG = "delivery"
-
-    def _venues(self) -> list[Store]:
-        return list(self.db.stores.values())
-
-    def _order(self, order_id: str) -> Order:
-        order = self.db.orders.get(order_id)
-        if order is None:
-            raise ToolError(f"order {order_id} not found")
-        if order.order_type != "delivery":
-            raise ToolError(f"order {order_id} is not a delivery order")
-        return order
+    VENUES = "stores"
+    ORDER_TYPE = "delivery"
+    ORDER_NAME = "a delivery"
 
     def delivery_distance_to_time(self, distance: Any) -> Any:
         if not isinstance(distance, int | float):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envace.envs.vitabench.db import Booking, Order, Reservation, Shop
+from envace.envs.vitabench.db import Booking, Order, Reservation
 from envace.envs.vitabench.fuzzy import keyword_query, rank
 from envace.envs.vitabench.tools_shared import DATETIME, SharedTools, ToolError, parse_time
 
@@ -19,22 +19,18 @@ from envace.envs.vitabench.tools_shared import DATETIME, SharedTools, ToolError,
 class InstoreTools(SharedTools):
     ID_PREFIX = "OI"
     ID_TAG = "instore"
-
-    def _venues(self) -> list[Shop]:
-        return list(self.db.shops.values())
-
-    def _order(self, order_id: str) -> Order:
-        order = self.db.orders.get(order_id)
-        if order is None:
-            raise ToolError(f"order {order_id} not found")
-        if order.order_type != "instore":
-            raise ToolError(f"order {order_id} is not an in-store order")
-        return order
+    VENUES = "shops"
+    ORDER_TYPE = "instore"
+    ORDER_NAME = "an in-store"
 
     def _record(self, table: dict[str, Any], kind: str, record_id: str) -> Any:
         if record_id not in table:
             raise ToolError(f"{kind} {record_id} not found")
         return table[record_id]
+
+    def _user_shop_problem(self, user_id: str, shop_id: str) -> str | None:
+        """What stops a user's order, booking or reservation at a shop before its own checks."""
+        return self._user_problem(user_id) or (None if shop_id in self.db.shops else f"shop {shop_id} not found")
 
     def _time_problem(self, time: Any) -> str | None:
         if parse_time(time, DATETIME) is None:
@@ -54,12 +50,10 @@ class InstoreTools(SharedTools):
         return "\n".join(str(p) for p in ranked)
 
     def create_instore_product_order(self, user_id: str, shop_id: str, product_id: str, quantity: int = 1) -> str:
-        problem = self._user_problem(user_id)
+        problem = self._user_shop_problem(user_id, shop_id)
         if problem:
             return problem
-        shop = self.db.shops.get(shop_id)
-        if shop is None:
-            return f"shop {shop_id} not found"
+        shop = self.db.shops[shop_id]
         if product_id not in {p.product_id for p in shop.products}:
             return f"product {product_id} not found in shop {shop_id}"
         if quantity <= 0:
@@ -100,12 +94,10 @@ class InstoreTools(SharedTools):
     # -- bookings (tables, possibly with a fee) ---------------------------------------------------
 
     def instore_book(self, user_id: str, shop_id: str, time: str, customer_count: int = 1) -> str:
-        problem = self._user_problem(user_id)
+        problem = self._user_shop_problem(user_id, shop_id)
         if problem:
             return problem
-        shop = self.db.shops.get(shop_id)
-        if shop is None:
-            return f"shop {shop_id} not found"
+        shop = self.db.shops[shop_id]
         if customer_count <= 0:
             return "customer_count must be greater than 0."
         if not time:
@@ -115,8 +107,9 @@ class InstoreTools(SharedTools):
             return problem
         if not shop.enable_book:
             return f"Shop {shop_id} does not accept seat bookings."
-        book = Booking(self._new_id(), shop_id, time, self.db.time, user_id, customer_count, shop.book_price,
-                       "unpaid" if shop.book_price > 0 else "paid")
+        book = Booking(book_id=self._new_id(), shop_id=shop_id, book_time=time, update_time=self.db.time,
+                       customer_id=user_id, customer_count=customer_count, book_price=shop.book_price,
+                       status="unpaid" if shop.book_price > 0 else "paid")
         self.db.books[book.book_id] = book
         return str(book)
 
@@ -157,29 +150,20 @@ class InstoreTools(SharedTools):
             return f"{kind} {record_id} does not belong to user {user_id}."
         return str(record)
 
-    def instore_cancel_book(self, book_id: str) -> str:
-        return self._cancel(self.db.books, "BookInfo", "book_id", book_id)
-
-    def get_instore_books(self, user_id: str) -> str:
-        return self._user_records(self.db.books, user_id, "seat booking information")
-
-    def search_instore_book(self, user_id: str, book_id: str | None = None) -> str:
-        return self._search(self.db.books, "BookInfo", "seat booking information", user_id, book_id)
-
     # -- reservations (free service appointments) -------------------------------------------------
 
     def instore_reservation(self, user_id: str, shop_id: str, time: str, customer_count: int = 1) -> str:
-        problem = self._user_problem(user_id)
+        problem = self._user_shop_problem(user_id, shop_id)
         if problem:
             return problem
-        if shop_id not in self.db.shops:
-            return f"shop {shop_id} not found"
         problem = self._time_problem(time)
         if problem:
             return problem
         if customer_count <= 0:
             return "customer_count must be greater than 0."
-        reservation = Reservation(self._new_id(), shop_id, time, self.db.time, user_id, customer_count, "unconsumed")
+        reservation = Reservation(reservation_id=self._new_id(), shop_id=shop_id, reservation_time=time,
+                                  update_time=self.db.time, customer_id=user_id, customer_count=customer_count,
+                                  status="unconsumed")
         self.db.reservations[reservation.reservation_id] = reservation
         return str(reservation)
 
@@ -200,11 +184,22 @@ class InstoreTools(SharedTools):
         reservation.update_time = self.db.time
         return str(reservation)
 
+    # -- cancelling, listing and looking up (the same for both tables) ----------------------------
+
+    def instore_cancel_book(self, book_id: str) -> str:
+        return self._cancel(self.db.books, "BookInfo", "book_id", book_id)
+
     def instore_cancel_reservation(self, reservation_id: str) -> str:
         return self._cancel(self.db.reservations, "ReservationInfo", "reservation_id", reservation_id)
 
+    def get_instore_books(self, user_id: str) -> str:
+        return self._user_records(self.db.books, user_id, "seat booking information")
+
     def get_instore_reservations(self, user_id: str) -> str:
         return self._user_records(self.db.reservations, user_id, "reservation information")
+
+    def search_instore_book(self, user_id: str, book_id: str | None = None) -> str:
+        return self._search(self.db.books, "BookInfo", "seat booking information", user_id, book_id)
 
     def search_instore_reservation(self, user_id: str, reservation_id: str | None = None) -> str:
         return self._search(self.db.reservations, "ReservationInfo", "reservation information", user_id,

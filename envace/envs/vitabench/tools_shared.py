@@ -74,6 +74,9 @@ class SharedTools:
 
     ID_PREFIX = ""
     ID_TAG = ""
+    VENUES = ""  # the database table of this domain's venues (stores or shops)
+    ORDER_TYPE = ""  # the order_type of this domain's orders, and how a message names it
+    ORDER_NAME = ""
 
     def __init__(self, db: Database, lang: str = "en") -> None:
         self.db, self.lang = db, lang
@@ -81,7 +84,16 @@ class SharedTools:
     # -- helpers (never tools: the dispatcher only calls names in the task's schemas) --------------
 
     def _venues(self) -> list[Any]:
-        raise NotImplementedError
+        return list(getattr(self.db, self.VENUES).values())
+
+    def _order(self, order_id: str) -> Any:
+        """This domain's order `order_id`, or the hard failure upstream raises for a missing or foreign one."""
+        order = self.db.orders.get(order_id)
+        if order is None:
+            raise ToolError(f"order {order_id} not found")
+        if order.order_type != self.ORDER_TYPE:
+            raise ToolError(f"order {order_id} is not {self.ORDER_NAME} order")
+        return order
 
     def _user_problem(self, user_id: Any) -> str | None:
         """The soft failure for a user id other than the task's, else None (empty and wrong differ)."""
