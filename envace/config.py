@@ -449,6 +449,12 @@ class TrainConfig(Config):
     sft_tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
     sft_epochs: int = doc("passes over the SFT rows", 2)
     sft_lr: float = doc("SFT learning rate (AdamW)", 3e-5)
+    sft_memory: Literal["none", "reference", "rehearsed"] = doc(
+        "memory-aware SFT: beside each caller row, a copy whose turn's user message carries a private-rehearsal "
+        "`<rehearsal_memory>`, the target still the gold call (envace/training/memory_rows.py). reference (a memory "
+        "of the turn's gold continuation, as the summariser is trained to write one) | rehearsed (a memory of one "
+        "attempt the model imagines before SFT against its own rehearser, written the same way: it may be wrong) | "
+        "none", "none")
     rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
     grpo_steps: int = doc("role-wise GRPO updates", 4)
     tasks_per_step: int = doc("train tasks per GRPO step", 2)
@@ -558,6 +564,9 @@ class TrainConfig(Config):
         if self.model == "reference":
             raise UsageError("model: `reference` replays the gold and has no weights to train")
         self._check_rollout()
+        if self.sft_memory == "rehearsed" and self.fsdp and self.sft_tasks:
+            raise UsageError("sft_memory: rehearsed memories are imagined before SFT by the model in one piece, "
+                             "which fsdp shards; use reference, or train without fsdp")
         if self.fsdp and self.shard_optimizer:
             raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
         check_model_spec(self.model)

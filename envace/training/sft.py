@@ -19,6 +19,7 @@ from envace.config import TrainConfig
 from envace.training.distributed import Processes
 from envace.training.grpo import Row
 from envace.training.learner import Learner
+from envace.training.memory_rows import sft_memory_rows
 from envace.training.packing.chain import chains
 from envace.training.packing.tree import check_budget
 from envace.training.rows import reference_rows
@@ -43,11 +44,15 @@ def eta(started: float, done: int, total: int) -> str:
 
 
 def sft_rows(cfg: TrainConfig, policy: Policy) -> list[Row]:
-    """The reference rows of the first `sft_tasks` train tasks, of every role the trained weights play."""
+    """The reference rows of the first `sft_tasks` train tasks, of every role the trained weights play; with
+    `sft_memory`, then a copy of each caller row with a rehearsal memory in its turn's user message
+    (`memory_rows.py`)."""
     rows = [r for r in reference_rows(policy.train_tasks[: cfg.sft_tasks], policy.benchmark, policy.tok,
                                       cfg.rollout.rehearser, cfg.rollout.caller_demo, policy.bank,
                                       cfg.rollout.tool_docs)
             if r.role in cfg.trained_roles or r.role == "summariser"]
+    if cfg.sft_memory != "none":
+        rows += sft_memory_rows(cfg, policy)
     if cfg.packing == "tree" and cfg.max_pack_tokens is not None:
         check_budget(rows, cfg.max_pack_tokens)  # before the first step, not in the middle of an epoch
     return rows
