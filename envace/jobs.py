@@ -1,7 +1,8 @@
-"""Jobs as library functions: rollout, eval, world-model, sweep, train, and judge (rubric judging of a stored run).
+"""Jobs as library functions: rollout, eval, world-model, sweep, ladder, train, and judge (rubric judging of a stored
+run).
 
 The CLI, the notebooks and `workbench.launch` (through the CLI) run these same functions. Each takes a
-validated config, writes one run to the store (a sweep: one eval run per cell plus its table run) and
+validated config, writes one run to the store (a sweep, a ladder: one eval run per cell plus its table run) and
 returns it with its summary. Progress goes to a `Reporter`: one line at a time by default; the CLI
 draws a live bar. Bad input raises `UsageError` before any run folder exists; an interrupted job keeps
 every step it stored and leaves its run marked `interrupted`.
@@ -268,6 +269,52 @@ def _play_cell(root: Path, run_name: str, cfg: RolloutConfig, backends: dict[str
     if cell_root != root:
         swap_in(cell_root / run_name, root / run_name)
     return summary
+
+
+def ladder_job(name: str, models: dict[str, str], rungs: list[str], seeds: list[int], base: RolloutConfig,
+               root: str | Path = "runs", reporter: Reporter | None = None) -> tuple[Run, Any, str, list[dict]]:
+    """The private-rehearsal ladder (`private/ladder.py`): per model, N = 0 and each rung, one eval run per cell on
+    the same turns and seeds; the ladder's own run `name` holds the comparisons (`ladder`, ladder.csv) and the
+    per-turn diagnosis (`ladder_turns`, diagnosis.csv), rewritten after every cell. A re-run keeps every cell whose
+    run completed and redoes the others. Returns (run, comparison table, its caption, diagnosis per rung)."""
+    from envace import compare
+    from envace.private import ladder
+    from envace.store import connect
+
+    reporter = reporter or Reporter()
+    root, name = Path(root), check_run_id(name)
+    base = ladder.base_config(base, rungs)
+    grid = ladder.cells(models, rungs, seeds, base.temperature == 0)
+    configs = [ladder.cell_config(c, base, seeds) for c in grid]  # every cell checked before the first one runs
+    for cell in grid:
+        check_run_id(cell.run_name(name))
+    if "real" in rungs:
+        ladder.check_copy(base)
+    table_run = _table_run(root, name, "ladder", {"models": models, "rungs": rungs, "seeds": seeds,
+                                                  "base": asdict(base)}, "")
+
+    def completed(run_id: str) -> bool:
+        return (root / run_id / "run.json").exists() and get_run(root, run_id).get("status") == "completed"
+
+    def tables() -> tuple[Any, str, list[dict]]:
+        con = connect(root)
+        turns = {c.run_name(name): ladder.turn_rows(con, name, c, c.run_name(name)) for c in grid
+                 if c.rung != ladder.NONE and completed(c.run_name(name))}
+        frame, caption = compare.with_holm(ladder.comparisons(con, name, grid, seeds, completed))
+        return frame, caption, ladder.write_tables(table_run, frame, turns)
+
+    backends: dict[str, Any] = {}
+    try:
+        with table_run.running():
+            for n, (cell, cfg) in enumerate(zip(grid, configs, strict=True), 1):
+                _play_cell(root, cell.run_name(name), cfg, backends, reporter, f"cell {n}/{len(grid)}",
+                           ladder.hook(cell.rung))
+                frame, caption, diagnosis = tables()
+                table_run.update(summary={"cells": n, "of": len(grid), "caption": caption})
+    finally:
+        _close(list(backends.values()))
+    table_run.update(status="completed", summary={"cells": len(grid), "of": len(grid), "caption": caption})
+    return table_run, frame, caption, diagnosis
 
 
 def suite_job(name: str, model: str, base: RolloutConfig, limit: int | None = None, root: str | Path = "runs",

@@ -75,6 +75,9 @@ envace eval default --private sequential --budget 2 --config experiments/bfcl_sm
 envace eval default --private parallel --budget 1 --private-memory transcript --config experiments/bfcl_smollm_cpu.toml
 envace sweep --name S --models base=default,trained=runs/RUN/checkpoint --budgets 0,1,2,4,8 \
     --config experiments/bfcl_smollm_cpu.toml --limit 4   # one table; a re-run keeps finished cells
+envace private-ladder --name L --models sft=runs/SFT_RUN,envace=runs/ENVACE_RUN \
+    --config experiments/private_cpu.toml   # why a memory helps or hurts: N = 0, empty block, gold (reference),
+                                            # real-world and rehearsed memory, select; paired, Holm; resumable
 envace suite default --limit 4    # the paper's table: BFCL-v4 (offline), τ², VitaBench, beside the published rows
 envace suite default --limit 4 --private parallel --budget 1   # and its private-rehearsal table
 ```
@@ -190,8 +193,9 @@ con.sql("SELECT task_uid, success, termination FROM episodes WHERE run_id = 'dem
 con.sql("SELECT name, count(*), avg(is_error::INT) FROM calls GROUP BY name").df()
 ```
 
-The tables (`episodes`, `generations`, `calls`, `pairs`, `memories`, `imagined`, `sweep`, `metrics`, and
-`runs`) are defined in one place, `envace/store.py`. For example, the hardest tools to rehearse:
+The tables (`episodes`, `generations`, `calls`, `pairs`, `memories`, `imagined`, `sweep`, `ladder`,
+`ladder_turns`, `metrics`, and `runs`) are defined in one place, `envace/store.py`. For example, the hardest tools
+to rehearse:
 
 ```python
 con.sql("SELECT name, count(*) n, avg(structure_f1) f1, avg(error_agree) agree FROM pairs GROUP BY name ORDER BY f1").df()

@@ -10,6 +10,7 @@ from envace.cli.bench import register as register_bench
 from envace.cli.envs import register as register_envs
 from envace.cli.flags import rewrite_deprecated
 from envace.cli.play import register as register_play
+from envace.cli.private import register as register_private
 from envace.cli.runs import register as register_runs
 from envace.cli.serve import register as register_serve
 from envace.cli.train import register as register_train
@@ -36,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="envace", description="World-rehearsal agentic RL workbench.")
     parser.add_argument("--version", action="version", version=f"envace {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for register in (register_play, register_train, register_serve, register_runs, register_envs, register_bench):
+    for register in (register_play, register_private, register_train, register_serve, register_runs, register_envs,
+                     register_bench):
         register(sub)  # in this order in `envace --help`
     return parser
 
