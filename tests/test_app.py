@@ -292,9 +292,11 @@ def real_app_url(real_store):
 
 @pytest.mark.heavy
 def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, real_store, browser, tmp_path):
-    """The real default model's store in headless Chromium: every episode of every run opens in the Inspector
-    and every tab draws, with no error toast; a screenshot of each tab is saved (ENVACE_SCREENSHOTS names the
-    folder, e.g. docs/screenshots)."""
+    """The real default model's store in headless Chromium: every kind of episode of every run opens in the
+    Inspector (per run: the first and last episode, the first of each phase, each one privately rehearsed and
+    the first of a GRPO group: each view the Inspector draws, without clicking through every row) and every tab
+    draws, with no error toast; a screenshot of each tab is saved (ENVACE_SCREENSHOTS names the folder, e.g.
+    docs/screenshots)."""
     import os
 
     from selenium.webdriver.common.by import By
@@ -311,11 +313,18 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
             if len(e := wb.episodes(r))}
     assert rehearsed and grpo.get("train")
     lands = landings(real_store)
+    kinds = set()
     for run in sorted(wb.runs_with("episodes")):
-        expected = list(wb.episodes(run)["episode_id"])
+        listed = wb.episodes(run)
+        expected = list(listed["episode_id"])
+        first_of_phase = {phase: i for i, phase in reversed(list(enumerate(listed["phase"])))}
+        rehearsed_rows = [i for i, e in enumerate(expected) if e in rehearsed.get(run, ())]
+        grpo_rows = [i for i, e in enumerate(expected) if e in grpo.get(run, ())]
+        picked = sorted({0, len(expected) - 1, *first_of_phase.values(), *rehearsed_rows, *grpo_rows[:1]})
         follow_link(browser, real_app_url, run, lands[run])  # its own tab first, then the Inspector
         open_tab(browser, "Inspector")
-        for i, episode in enumerate(expected):
+        for i in picked:
+            episode = expected[i]
             cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
             # the first row waits for the page's load (the run's episodes listed from the store) as well
             WebDriverWait(browser, 150 if i == 0 else 60).until(
@@ -326,11 +335,14 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
             assert toasts(browser) == [], (run, episode)
             if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
                 assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view details.private"), (run, episode)
+                kinds.add("rehearsed")
             if episode in grpo.get(run, ()):  # its GRPO group beside it: G = 2 episodes, each with its advantage
                 row = (By.CSS_SELECTOR, "#inspector-group [data-testid='cell-1-0']")
                 WebDriverWait(browser, 60).until(lambda d, r=row: d.find_elements(*r))
+                kinds.add("grpo")
+            kinds.add(listed["phase"].iloc[i])
             opened += 1
-    assert opened == sum(len(wb.episodes(r)) for r in wb.runs_with("episodes"))
+    assert opened >= len(wb.runs_with("episodes")) and {"rehearsed", "grpo"} <= kinds, (opened, kinds)
     shot = shoot(browser, real_app_url, real_store, {"inspector": "demo", "runs": "train", "fidelity": "train",
                                          "private-rehearsal": "sw", "training": "train", "launch": "train"}, shots)
     assert [p.name for p in shot] == [f"{name}.png" for _, name in TABS] and all(p.stat().st_size > 10_000

@@ -54,7 +54,9 @@ def test_every_eighth_gold_trajectory_earns_reward_one():
 
     tau2 = registry.get("tau2")
     for category in CATEGORIES:
-        tasks = tau2.load_tasks(category, "all")[::8]
+        tasks, offset = [], 0  # only the tasks checked are built: building one replays its gold
+        while batch := tau2.load_tasks(category, "all", limit=1, offset=offset):
+            tasks, offset = tasks + batch, offset + 8
         failures = [c.uid for c in (check_task(tau2, t, control=False) for t in tasks) if not c.passed]
         assert tasks and failures == [], (category, failures)
 

@@ -14,6 +14,7 @@ agent and (telecom) user actions in τ²'s order; `payload["reference_requestors
 
 from __future__ import annotations
 
+import copy
 import json
 from functools import lru_cache
 from typing import Any
@@ -55,6 +56,20 @@ def _validated(raw: dict[str, Any]) -> dict[str, Any]:
     """The task through τ²'s own model (defaults filled in: reward_basis, requestors), as plain JSON."""
     task = tau2_module("data_model.tasks").Task.model_validate(raw)
     return task.model_dump(mode="json")
+
+
+def _task(category: str, index: int) -> Task:
+    """The task at `index` of the domain's base set, built once per process: building replays its gold on a
+    fresh environment (τ² validates the whole domain database for each, ~0.6 s in airline and retail), and
+    the example bank, the job and the scorer each ask for the same tasks. A deep copy each time, so a caller
+    that changes its task changes no one else's."""
+    return copy.deepcopy(_built(category, index))
+
+
+@lru_cache(maxsize=1024)
+def _built(category: str, index: int) -> Task:
+    raw, split = _raw(domain_of(category)[0])[index]
+    return _build(category, raw, split, index)
 
 
 def _build(category: str, raw: dict[str, Any], split: str, index: int) -> Task:
@@ -119,13 +134,13 @@ def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
         raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
     chosen = [(i, t, s) for i, (t, s) in enumerate(_raw(domain)) if split == Split.ALL or s == split]
     chosen = chosen[offset: None if limit is None else offset + limit]
-    return [_build(category, t, s, i) for i, t, s in chosen]
+    return [_task(category, i) for i, _, _ in chosen]
 
 
 def load_task(category: str, task_id: str) -> Task:
     """One task by τ²'s id (e.g. `"7"` in airline); ids outside the base set are a UsageError."""
     domain, _ = domain_of(category)
-    for i, (t, s) in enumerate(_raw(domain)):
+    for i, (t, _) in enumerate(_raw(domain)):
         if t["id"] == task_id:
-            return _build(category, t, s, i)
+            return _task(category, i)
     raise UsageError(f"unknown τ² {domain} task id '{task_id}' (not in the official train/test splits)")
