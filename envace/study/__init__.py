@@ -10,7 +10,13 @@
             a          GRPO from sft on the pool (random: sft plus a random update of envace's size,
                        `random_update.py`)
             eval-a, wm-a, screen-a   as for sft; the screen with the same seed, so its episodes pair with sft's
-        private      (private_seeds) sft and envace with N imagined attempts, N = private_budgets × modes
+        memory (an arm with an SFT of its own, `config.SFT_ARMS`; not a default arm):
+            sft-nN-memory   the seed's SFT again, the same N tasks, with memory-aware rows ([train] sft_memory
+                            = [study] memory_sft: caller turns whose prompt carries a rehearsal memory)
+            eval-, wm-sft-nN-memory   as for sft; then memory (GRPO from it as envace, on the seed's pool), and
+                            its eval, wm and screen as for any arm
+        private      (private_seeds) sft and envace with N imagined attempts, N = private_budgets × modes;
+                     private-memory the same for memory's own SFT and its GRPO checkpoint
     report       report.md and figure.html in the study's run: every comparison paired, intervals resampled by
                  task, p-values Holm-adjusted over each table's family (`report.py`)
 

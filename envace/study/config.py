@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -9,7 +10,7 @@ from typing import Literal
 from envace.config import Config, RolloutConfig, TrainConfig, at_least, doc, load_toml, within
 from envace.errors import UsageError
 
-ArmName = Literal["envace", "caller_only", "real_env", "fidelity", "control", "random"]
+ArmName = Literal["envace", "caller_only", "real_env", "fidelity", "control", "random", "memory"]
 
 # What each arm changes in the recipe's [train] table (`random` is not trained: `random_update.py`).
 ARMS: dict[str, dict] = {
@@ -20,7 +21,12 @@ ARMS: dict[str, dict] = {
     # the same steps and random draws with a learning rate too small to move a weight: what the draws alone
     # give (caller-only: cheaper, and the same samples)
     "control": {"variant": "caller_only", "lr": 1e-12},
+    # GRPO as envace, from an SFT of its own: the seed's SFT with memory-aware rows (`Study.sft`, SFT_ARMS)
+    "memory": {},
 }
+# Arms that start from an SFT of their own instead of the seed's: the same recipe, seed and tasks, with the [train]
+# fields these give for the study's design.
+SFT_ARMS: dict[str, Callable[[StudyConfig], dict]] = {"memory": lambda design: {"sft_memory": design.memory_sft}}
 
 
 @dataclass
@@ -31,7 +37,10 @@ class StudyConfig(Config):
     arms: list[ArmName] = doc(
         "envace | caller_only | real_env | fidelity (task+fidelity reward, every episode shadowed) | control "
         "(lr = 1e-12: sampling noise alone) | random (the SFT weights plus a random update with envace's norm, "
-        "tensor by tensor: weight drift alone; needs envace)",
+        "tensor by tensor: weight drift alone; needs envace) | memory (memory-aware SFT, [train] sft_memory = "
+        "memory_sft, on the seed's SFT tasks, measured as its own stage, then GRPO as envace on the seed's pool; "
+        "with private_seeds its SFT and GRPO checkpoints get their own private-rehearsal sweep, stage "
+        "private-memory). Not in the default list",
         factory=lambda: ["envace", "caller_only", "real_env", "fidelity", "control", "random"])
     floor_sizes: list[int] = doc("SFT sizes (train tasks) tried first, with the first seed, each evaluated on every "
                                  "test turn: the seeds' SFT takes the smallest whose success reaches floor_target "
@@ -52,6 +61,9 @@ class StudyConfig(Config):
                                                                  factory=lambda: ["parallel", "sequential"])
     private_seeds: list[int] | None = doc("the seeds whose SFT and envace checkpoints are swept for private "
                                           "rehearsal (unset = every seed; [] = none)", None)
+    memory_sft: Literal["rehearsed", "reference"] = doc(
+        "arm memory: the memories its SFT's memory-aware rows carry ([train] sft_memory): rehearsed (of one attempt "
+        "the model imagines before SFT) | reference (of the turn's gold continuation)", "rehearsed")
 
     def validate(self) -> None:
         at_least(self, 1, "pool_tasks", "screen_group_size", "pool_max", "world_model_limit")
@@ -109,6 +121,7 @@ class Study:
         study = cls(design, replace(evaluation, split="test"), recipe)
         for arm in design.arms:  # each arm's own checks (caller_only needs lora, …) before anything runs
             study.arm(arm, seed=design.seeds[0])
+            study.sft(design.seeds[0], arm=arm)
         return study
 
     def arm(self, arm: str, seed: int, model: str | None = None, units: list[str] | None = None) -> TrainConfig:
@@ -119,6 +132,9 @@ class Study:
         return TrainConfig.from_dict({k: v for k, v in table.items() if v is not None} | (
             {"model": model} if model else {}), where=f"arm {arm}", base=self.recipe)
 
-    def sft(self, seed: int, tasks: int | None = None) -> TrainConfig:
-        """The recipe's SFT alone, with `seed`, on `tasks` train tasks (unset: the recipe's sft_tasks)."""
-        return replace(self.recipe, seed=seed, grpo_steps=0, eval_every=0, sft_tasks=tasks or self.recipe.sft_tasks)
+    def sft(self, seed: int, tasks: int | None = None, arm: str | None = None) -> TrainConfig:
+        """The recipe's SFT alone, with `seed`, on `tasks` train tasks (unset: the recipe's sft_tasks); with an arm
+        of SFT_ARMS, that arm's own SFT."""
+        sft = replace(self.recipe, seed=seed, grpo_steps=0, eval_every=0, sft_tasks=tasks or self.recipe.sft_tasks)
+        own = SFT_ARMS.get(arm)
+        return TrainConfig.from_dict(own(self.design), where=f"arm {arm}", base=sft) if own else sft

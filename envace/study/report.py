@@ -7,6 +7,9 @@ Holm-adjusted over the family its caption names.
     world model     arm − SFT, pairs (seed, gold call), per metric     sign-flip by task
     private         N > 0 − N = 0 of one model and mode, pairs (seed, turn)
 
+An arm with an SFT of its own (`memory`) is also its SFT − the seed's SFT and the arm − its own SFT in the test
+turns, and its two checkpoints are rows of the private table (labels `sft_<arm>` and `<arm>`).
+
 A cluster is a task (its scenario): a task's turns share it, and so do the same turn's pairs in every seed, so
 seeds add evidence only as far as tasks do. Pairs that do not pair up (another seed, pool or limit) are a
 UsageError, never an unpaired test (`envace/compare.py`).
@@ -39,8 +42,9 @@ class Tables:
 
     def __init__(self, con, name: Callable[[str, int], str], completed: Callable[[str], bool], seeds: list[int],
                  arms: list[str], swept: list[int], modes: list[str], budgets: list[int], pools: dict[int, dict],
-                 sft: str):
+                 sft: str, own_sft: dict[str, str] | None = None):
         self.con, self.name, self.completed, self.sft = con, name, completed, sft
+        self.own_sft = own_sft or {}  # arm → the stage of the SFT it started from, when not the seed's
         self.seeds, self.arms, self.swept, self.pools = seeds, arms, swept, pools
         self.modes, self.budgets = modes, budgets
 
@@ -50,8 +54,13 @@ class Tables:
         return {s: pair(self.con, a, b) for s, (a, b) in runs.items() if self.completed(a) and self.completed(b)}
 
     def test_turns(self) -> list[dict]:
-        return [row({"arm": arm, "vs": "SFT"}, list(frames.values())) for arm in self.arms
+        rows = [row({"arm": arm, "vs": "SFT"}, list(frames.values())) for arm in self.arms
                 if (frames := self._frames(episode_pairs, f"eval-{self.sft}", f"eval-{arm}"))]
+        for arm, own in self.own_sft.items():  # its own SFT against the seed's, and the arm against its own SFT
+            for (label, vs), (a, b) in (((f"sft_{arm}", "SFT"), (self.sft, own)), ((arm, f"sft_{arm}"), (own, arm))):
+                if frames := self._frames(episode_pairs, f"eval-{a}", f"eval-{b}"):
+                    rows.append(row({"arm": label, "vs": vs}, list(frames.values())))
+        return rows
 
     def controls(self) -> list[dict]:
         return [row({"arm": arm, "vs": control}, list(frames.values()))
@@ -79,8 +88,12 @@ class Tables:
     def private(self) -> list[dict]:
         from envace.private import sweep
 
-        return sweep.against_none(self.con, [self.name("private", s) for s in self.swept], ["sft", "envace"],
+        rows = sweep.against_none(self.con, [self.name("private", s) for s in self.swept], ["sft", "envace"],
                                   self.modes, self.budgets, self.completed)
+        for arm in self.own_sft:
+            rows += sweep.against_none(self.con, [self.name(f"private-{arm}", s) for s in self.swept],
+                                       [f"sft_{arm}", arm], self.modes, self.budgets, self.completed)
+        return rows
 
 
 def floor_table(tables: Tables, success: dict[int, float], chosen: int) -> pd.DataFrame:

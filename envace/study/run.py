@@ -22,7 +22,7 @@ from envace.envs import registry
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
 from envace.store import Run, check_run_id, connect, get_run
-from envace.study.config import Study
+from envace.study.config import SFT_ARMS, Study
 from envace.study.random_update import random_update
 from envace.study.report import Tables, figure, floor_table
 from envace.study.screen import spread_units
@@ -84,7 +84,9 @@ def screen_config(study: Study, model: str, seed: int) -> RolloutConfig:
 def _sizes(design) -> tuple[int, int]:
     """(the stages the study steps through, the distinct stage runs it holds): the first seed's SFT and evaluation
     are the floor's own, when there is a floor."""
-    total = 2 * len(design.floor_sizes) + len(design.seeds) * (4 + 4 * len(design.arms)) + len(design.swept)
+    own = sum(arm in SFT_ARMS for arm in design.arms)  # an arm with its own SFT: that SFT, its eval and wm, its sweep
+    total = 2 * len(design.floor_sizes) + len(design.seeds) * (4 + 4 * len(design.arms) + 3 * own) + \
+        len(design.swept) * (1 + own)
     return total, total - (2 if design.floor_sizes else 0)
 
 
@@ -114,6 +116,11 @@ def study_job(path: str | Path, root: str | Path = "runs", name: str | None = No
                     r, {"sft": stages.checkpoint(sft_stage(floor["chosen"]), s), "envace":
                         stages.checkpoint("envace", s)},
                     design.private_modes, design.private_budgets, study.evaluation, root, reporter))
+                for arm in (a for a in design.arms if a in SFT_ARMS):  # its own SFT, and GRPO from it
+                    stages.once(f"private-{arm}", seed, lambda r, _, s=seed, a=arm: sweep_job(
+                        r, {f"sft_{a}": stages.checkpoint(own_sft_stage(floor["chosen"], a), s),
+                            a: stages.checkpoint(a, s)},
+                        design.private_modes, design.private_budgets, study.evaluation, root, reporter))
         out = write_report(study, stages, pools, floor, run.path)
     run.update(status="completed", summary={"report": str(out), "stages": held})
     reporter.say(f"report: {out}")
@@ -212,6 +219,11 @@ def sft_stage(tasks: int) -> str:
     return f"sft-n{tasks}"
 
 
+def own_sft_stage(tasks: int, arm: str) -> str:
+    """The SFT stage of an arm that starts from an SFT of its own (`SFT_ARMS`), on the same `tasks` train tasks."""
+    return f"{sft_stage(tasks)}-{arm}"
+
+
 def _seed(study: Study, stages: Stages, seed: int, pools: dict[int, dict[str, Any]], saved: Path,
           sft_tasks: int) -> None:
     """One seed's SFT, screen and arms (the module docstring); its pool, once chosen, goes into `pools` and the
@@ -238,7 +250,15 @@ def _seed(study: Study, stages: Stages, seed: int, pools: dict[int, dict[str, An
         if arm == "random":
             stages.once("random", seed, lambda r, _: _random(study, stages, r, seed, sft_tasks))
         else:
-            cfg = study.arm(arm, seed, model=sft, units=pool["units"])
+            start = sft
+            if arm in SFT_ARMS:  # its own SFT first (the same seed and tasks: the pool holds none of them either)
+                own = own_sft_stage(sft_tasks, arm)
+                stages.once(own, seed, lambda r, resume, a=arm: train_job(
+                    study.sft(seed, sft_tasks, a), root, None if resume else r, r if resume else None,
+                    stages.reporter))
+                start = stages.checkpoint(own, seed)
+                _measure(study, stages, own, seed, start)
+            cfg = study.arm(arm, seed, model=start, units=pool["units"])
             stages.once(arm, seed, lambda r, resume, cfg=cfg: train_job(cfg, root, None if resume else r,
                                                                         r if resume else None, stages.reporter))
         checkpoint = stages.checkpoint(arm, seed)
@@ -272,7 +292,8 @@ def write_report(study: Study, stages: Stages, pools: dict, floor: dict[str, Any
     design = study.design
     tables = Tables(connect(stages.root), lambda stage, s: stages.run(stage, s), stages.completed,
                            design.seeds, design.arms, design.swept, design.private_modes, design.private_budgets,
-                           pools, sft_stage(floor["chosen"]))
+                           pools, sft_stage(floor["chosen"]),
+                           {arm: own_sft_stage(floor["chosen"], arm) for arm in design.arms if arm in SFT_ARMS})
     sections = {
         "Test turns: each arm against the SFT checkpoint it started from": tables.test_turns(),
         "Test turns: each arm against the controls": tables.controls(),
