@@ -43,6 +43,7 @@ class PrivateRehearsal:
 
     def __init__(self, options: PrivateOptions, rehearser: Rehearser | None = None) -> None:
         self.options, self.rehearser = options, rehearser  # the engine's rehearser (None: the policy's own)
+        self.imagining: Rehearser | None = None  # the last sub-engine's rehearser (`_sub_engine`)
 
     def wants(self, ep: Episode) -> bool:
         return self.options.scope == "turn" or ep.turn == 0
@@ -58,6 +59,7 @@ class PrivateRehearsal:
             else Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
                            frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error,
                            max_context=engine.max_context)
+        self.imagining = rehearser  # the rehearser of the attempts: select's judge, whatever world plays them
         return RolloutEngine(sampler, engine.benchmark, config, RehearsedWorld(rehearser), engine.renderer,
                              engine.examples, max_context=engine.max_context)
 
@@ -119,7 +121,7 @@ class PrivateRehearsal:
                     errors[i].append(error)
                 else:
                     memory[i] = text
-        chosen = self._choose(sub, episodes, played, cost) if o.memory == "select" else [{} for _ in episodes]
+        chosen = self._choose(episodes, played, cost) if o.memory == "select" else [{} for _ in episodes]
         engine.sampler.generation_s += sub.sampler.generation_s
         changed = self._decision_changed(engine, episodes, memory) if o.measure_change else [None] * len(episodes)
         wall = (time.perf_counter() - started) / len(episodes)  # the phase is shared by the episodes batched in it
@@ -130,12 +132,12 @@ class PrivateRehearsal:
                                 **cost[i], "wall_s": wall, "decision_changed": changed[i], **chosen[i]})
         return memory
 
-    def _choose(self, sub: RolloutEngine, episodes: list[Episode], played: list[list[Episode]],
+    def _choose(self, episodes: list[Episode], played: list[list[Episode]],
                 cost: list[dict[str, int]]) -> list[dict[str, object]]:
         """memory = select: score each episode's attempts (the rehearser judging, or the checklist), record the
         scores on their `imagined` rows, and hand the best attempt's first message to the engine to commit
         (`Episode.chosen`). Returns each episode's `memories` columns for the choice."""
-        scored = selection.score(self.options, sub.world.rehearser, episodes, played)
+        scored = selection.score(self.options, self.imagining, episodes, played)
         out = []
         for ep, attempts, marks, spent in zip(episodes, played, scored, cost, strict=True):
             rows = ep.imagined[len(ep.imagined) - len(attempts):]
