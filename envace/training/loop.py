@@ -113,9 +113,9 @@ def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
         for step in range(start, cfg.grpo_steps):
             pipe.fill(step)  # the learner holds version `step`
             played, wait_s, load_s = pipe.take(step)
-            learn(t, played, timings={"wait_s": wait_s, "load_s": load_s}, since=started)
-            started, weights = time.perf_counter(), t.learner.weights()
-            pipe.publish(step + 1, weights)
+            learn(t, played, push=lambda v=step + 1: pipe.advance(v, t.learner.weights()),
+                  timings={"wait_s": wait_s, "load_s": load_s}, since=started)
+            started, weights = time.perf_counter(), pipe.versions[step + 1]
             t.recorder.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
             if due(cfg, step + 1, cfg.eval_every):
                 evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate(actor, t.recorder, v, w)))
@@ -130,11 +130,11 @@ def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
 def learn(t: Trainer, played: Played, push: Callable[[], float | None] | None = None,
           timings: dict[str, float] | None = None, since: float | None = None) -> None:
     """One update on `played` and its record, with the step's spans for the app's timeline. A step sampled more
-    than `max_staleness` versions ago is dropped and counted, never trained on. `push` (the synchronous loop):
-    the next step generates with the weights just updated; `since`: the step's wall time runs from there."""
+    than `max_staleness` versions ago is dropped and counted, never trained on. `push` hands the new weights on
+    before the step's rows are written (the next steps wait on them); `since`: the step's wall time runs from."""
     if played.step - played.version > t.cfg.max_staleness:
         t.recorder.dropped(played.step, played.version)
-        return
+        return None if push is None else push()  # the version number moves on all the same
     started, clock = time.perf_counter(), time.time()
     result = t.learner.step(played)
     stats, update_s = result.stats, time.perf_counter() - started

@@ -74,6 +74,12 @@ class AheadPipeline:
         for old in [v for v in self.versions if v < self.sampling_version(version)]:
             del self.versions[old]
 
+    def advance(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Publish the learner's new version and hand the actor the steps it unlocks, at once (before the learner
+        writes the step's rows: the actor plays while the store is written)."""
+        self.publish(version, weights)
+        self.fill(version)
+
     def kept(self, next_step: int) -> dict[int, dict[str, torch.Tensor]]:
         """The versions a run resumed at `next_step` samples with, other than its own weights (for `state.pt`)."""
         return {v: w for v, w in self.versions.items() if self.sampling_version(next_step) <= v < next_step}
