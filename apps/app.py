@@ -73,7 +73,7 @@ KIND_COLUMNS = {
     "rollout / eval": _PLAYED,
     "train": ["run", "kind", "status", "model", "created", "episodes", "GRPO steps", "last reward",
               "groups with signal", "eval checklist", "eval rehearsal exact"],
-    "sweep / suite / study / world-model": ["run", "kind", "status", "model", "created", "episodes"],
+    "sweep / ladder / suite / study / world-model": ["run", "kind", "status", "model", "created", "episodes"],
 }
 
 
@@ -85,7 +85,8 @@ def of_kind(frame: pd.DataFrame, view: str) -> pd.DataFrame:
 
 
 # the tab a click on a run opens (else the Inspector); a suite opens as the paper's table, on the Runs tab itself
-_OPENS = {"train": "training", "sweep": "rehearsal", "suite": "runs", "world-model": "fidelity", "study": "runs"}
+_OPENS = {"train": "training", "sweep": "rehearsal", "ladder": "rehearsal", "suite": "runs", "world-model": "fidelity",
+          "study": "runs"}
 
 
 def tab_of(wb: Workbench, run_id: str, kind: str) -> str:
@@ -153,7 +154,7 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             with gr.Tab("Fidelity", id="fidelity") as tab:
                 measured, tools = dashboards.fidelity_tab(app, wb, timer, tab)
             with gr.Tab("Private rehearsal", id="rehearsal") as tab:
-                swept, rehearsed, inspect_turn, turn = dashboards.rehearsal_tab(app, wb, timer, tab)
+                swept, rehearsed, inspect_turn, turn, laddered = dashboards.rehearsal_tab(app, wb, timer, tab)
             with gr.Tab("Training", id="training") as tab:
                 trained, phase, by_step = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch"):
@@ -168,7 +169,8 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             return (gr.Tabs(selected=tab), run_id if tab == "inspector" else gr.skip(),
                     [run_id] if tab == "training" else gr.skip(), run_id if tab == "fidelity" else gr.skip(),
                     run_id if kind == "sweep" else gr.skip(),
-                    run_id if tab == "rehearsal" and kind != "sweep" else gr.skip(), suite)
+                    run_id if tab == "rehearsal" and kind not in ("sweep", "ladder") else gr.skip(),
+                    run_id if kind == "ladder" else gr.skip(), suite)
 
         def follow_link(request: gr.Request):
             """`?run=NAME` opens the tab of the run's kind (an unknown name says so); `&episode=ID` that episode."""
@@ -182,7 +184,7 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             return gr.Tabs(selected=tab_of(wb, run_id, kinds[run_id])), ""
 
         app.load(follow_link, None, [tabs, link_note])
-        runs.select(open_run, runs, [tabs, inspected.run, trained, measured, swept, rehearsed, suite_table])
+        runs.select(open_run, runs, [tabs, inspected.run, trained, measured, swept, rehearsed, laddered, suite_table])
 
         def overlay_curves(picked):
             """The training runs among those picked, overlaid on the Training tab."""

@@ -20,6 +20,7 @@ FILL = {
     "train": "`envace train experiments/smoke.toml` (seconds on the tiny model)",
     "sweep": "`envace sweep --name s --models base=tiny --budgets 0,1 --config experiments/smoke.toml`",
     "memories": "`envace eval default --private parallel --budget 1 --config experiments/smoke.toml`",
+    "ladder": "`envace private-ladder --name ladder --models base=tiny --config experiments/smoke.toml --limit 1`",
 }
 
 

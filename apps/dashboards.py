@@ -73,9 +73,10 @@ def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
-                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button, gr.State]:
-    """Success against the private budget N, and one committed turn: what it imagined, wrote down and did.
-    Returns the sweep and run pickers, and the button (with the turn it reads) that opens the turn's episode."""
+                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button, gr.State, gr.Dropdown]:
+    """Success against the private budget N, the ladder of memories that tells why it helps or hurts, and one
+    committed turn: what it imagined, wrote down and did. Returns the sweep and run pickers, the button (with the
+    turn it reads) that opens the turn's episode, and the ladder picker."""
     gr.Markdown("Success against the number of privately imagined attempts N (`envace sweep`); dotted: "
                 "private-rehearsal tokens per episode on the second axis.")
     note = gr.Markdown(elem_id="rehearsal-note")
@@ -84,6 +85,18 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         metric = gr.Radio(["success_rate", "checklist", "well_formed_rate"], value="checklist", label="metric")
     curves = gr.Plot()
     cells = gr.Dataframe(label="cells", interactive=False, max_height=200)
+    gr.Markdown("### The ladder: why a memory helps or hurts (`envace private-ladder`)\n"
+                "The same turns and seeds with no memory (N = 0), the empty block, a memory of the turn's gold "
+                "(reference), of the imagined attempt played on a copy of the real state (real), today's rehearsed "
+                "memory, and select.")
+    ladder_note = gr.Markdown(elem_id="ladder-note")
+    ladder = gr.Dropdown(label="ladder", choices=[], value=None, allow_custom_value=True, elem_id="ladder-run")
+    comparisons = gr.Dataframe(label="each rung against N = 0 and against the rehearsed memory, paired by turn "
+                                     "(95% interval resampled by task; p-values Holm-adjusted over the table)",
+                               interactive=False, wrap=True, elem_id="ladder-table")
+    diagnosed = gr.Dataframe(label="per turn: the memory changed the committed first action / the committed call "
+                                   "copies an imagined one / fidelity of the answers it was written from",
+                             interactive=False, elem_id="ladder-diagnosis")
     gr.Markdown("### A committed turn: what it imagined, what it wrote down, what it did")
     run = gr.Dropdown(label="run with private rehearsal", choices=[], value=None, allow_custom_value=True)
     turns = gr.Dataframe(label="rehearsed turns (click one)", interactive=False, max_height=200,
@@ -103,6 +116,18 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                                                                                              visible=True)
 
     @shown_errors
+    def draw_ladder(ladder_id):
+        hidden = gr.Dataframe(visible=False), gr.Dataframe(visible=False)
+        if not ladder_id:  # no placeholder tables: the note says what fills them
+            return empty_note("private-rehearsal ladder", "ladder"), *hidden
+        frame = wb.ladder(ladder_id)
+        if frame.empty:
+            return (f"**Ladder `{ladder_id}` has no rung paired with its N = 0 cell yet**; its cells are still "
+                    "playing. This page picks them up as they complete."), *hidden
+        return "", gr.Dataframe(ladder_table(frame), visible=True), \
+            gr.Dataframe(rounded(wb.ladder_diagnosis(ladder_id)), visible=True)
+
+    @shown_errors
     def list_turns(run_id):
         return wb.rehearsed_turns(run_id) if run_id else None
 
@@ -116,16 +141,32 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                 first["completion_text"].iloc[0] if len(first) else "", (run_id, row["episode_id"]),
                 gr.Button(visible=True))
 
-    def choices(current_sweep, current_run, request: gr.Request):
+    def choices(current_sweep, current_run, current_ladder, request: gr.Request):
         return (keep_choice(run_choices(wb.runs(), having=wb.runs_with("sweep")), current_sweep or linked(request)),
-                keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run or linked(request)))
+                keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run or linked(request)),
+                keep_choice(run_choices(wb.runs(), having=wb.runs_with("ladder")), current_ladder or linked(request)))
 
-    gr.on([app.load, timer.tick], choices, [sweep, run], [sweep, run])
+    pickers = [sweep, run, ladder]
+    # the ladder is drawn once its picker holds the page's pick: a draw of the empty picker the page opened with,
+    # finishing late, would cover it with the empty note
+    app.load(choices, pickers, pickers).then(draw_ladder, ladder, [ladder_note, comparisons, diagnosed])
+    timer.tick(choices, pickers, pickers)
+    gr.on([tab.select, ladder.change], draw_ladder, ladder, [ladder_note, comparisons, diagnosed], api_name="ladder")
     gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed, opened, inspect])
-    return sweep, run, inspect, opened
+    return sweep, run, inspect, opened, ladder
+
+
+def ladder_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """A ladder's comparisons as they read: the interval and the up/down counts in one cell each."""
+    interval = [f"{lo:+.3f} … {hi:+.3f}" for lo, hi in zip(frame["lo"], frame["hi"], strict=True)]
+    moved = [f"{int(u)}/{int(d)}" for u, d in zip(frame["up"], frame["down"], strict=True)]
+    out = frame.drop(columns=["lo", "hi", "up", "down"])
+    out.insert(out.columns.get_loc("MDE 80%"), "95% CI", interval)
+    out.insert(out.columns.get_loc("MDE 80%") + 1, "up/down", moved)
+    return rounded(out)
 
 
 def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,

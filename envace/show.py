@@ -175,7 +175,7 @@ def _ladder_turns(con, run_id: str) -> Table | None:
     table = Table(*DIAGNOSIS, title="per turn: the memory changed the committed first action / the committed call "
                                     "copies an imagined one / fidelity of the answers it was written from")
     for r in summary:
-        table.add_row(*(_fmt(r[c]) for c in DIAGNOSIS))
+        table.add_row(*(str(r[c]) if c == "turns" else _fmt(r[c]) for c in DIAGNOSIS))
     return table
 
 

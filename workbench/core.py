@@ -370,6 +370,29 @@ class Workbench:
         where, params = _filters(("run_id = ?", _run(run_id)))
         return self._df(f"SELECT * FROM sweep {where} ORDER BY label, mode, budget", params)
 
+    def ladder(self, run_id: str) -> pd.DataFrame:
+        """A private-rehearsal ladder's comparisons (`envace private-ladder`), as its run stored them: each rung
+        against N = 0 and against the rehearsed memory, paired by turn, p-values Holm-adjusted over the table."""
+        return self._df(f"SELECT label AS model, rung, vs, pairs, a AS A, b AS B, delta AS \"Δ = B − A\", lo, hi, "
+                        f"mde AS \"MDE 80%\", up, down, mcnemar_p AS \"McNemar p\", holm_mcnemar_p AS "
+                        f"\"Holm McNemar p\", permutation_p AS \"permutation p\", holm_permutation_p AS "
+                        f"\"Holm permutation p\" FROM {self._source('ladder', run_id)} WHERE run_id = ?",
+                        [check_run_id(run_id)])
+
+    def ladder_turns(self, run_id: str) -> pd.DataFrame:
+        """A ladder's committed turns, one row per rung cell's turn: its memory, whether it changed the committed
+        first action, whether the committed call copies an imagined one, and the memory's fidelity."""
+        return self._df(f"SELECT * FROM {self._source('ladder_turns', run_id)} WHERE run_id = ? "
+                        "ORDER BY label, rung, seed, episode_id, turn", [check_run_id(run_id)])
+
+    def ladder_diagnosis(self, run_id: str) -> pd.DataFrame:
+        """`ladder_turns` per model and rung: the share of turns with a memory, changed, copied, and the mean
+        fidelity (`envace.private.ladder.diagnosis`)."""
+        from envace.private.ladder import DIAGNOSIS, diagnosis
+
+        rows = diagnosis(self.ladder_turns(run_id).astype(object).where(lambda f: f.notna(), None).to_dict("records"))
+        return pd.DataFrame(rows, columns=list(DIAGNOSIS))
+
     def rehearsed_turns(self, run_id: str) -> pd.DataFrame:
         """The privately rehearsed turns of a run: which episode and turn, the memory and its kind (summary,
         transcript; empty in runs stored before there was a choice), its cost."""
