@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import record, rewards, units
-from envace.config import RolloutConfig, TrainConfig, extends
+from envace.config import RolloutConfig, TrainConfig, extends, nest
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.specs import DEFAULT_MODEL, REFERENCE_MODEL
@@ -346,19 +346,23 @@ def suite_job(name: str, model: str, base: RolloutConfig, limit: int | None = No
 
 
 def _resumable(config: dict[str, Any]) -> dict[str, Any]:
-    """A train config as `--resume` compares it: grpo_steps may grow, and a Ray run may join another cluster (the
-    address, not whether there is one, may change)."""
-    out = {k: v for k, v in config.items() if k != "grpo_steps"}
+    """A train config as `--resume` compares it: its old flat keys nested (a run stored by an earlier release),
+    grpo.steps may grow, and a Ray run may join another cluster (the address, not whether there is one, may
+    change)."""
+    out = nest(config)
+    if isinstance(out.get("grpo"), dict):
+        out["grpo"] = {k: v for k, v in out["grpo"].items() if k != "steps"}
     if isinstance(out.get("ray"), dict):
         out["ray"] = {**out["ray"], "address": bool(out["ray"].get("address"))}
     return out
 
 
 def _resume_run(root: Path, name: str, cfg: TrainConfig) -> Run:
+    """The stored run `name` reopened for `cfg` (resolved), which must be the config it was trained with."""
     meta = get_run(root, name)
     stored, asked = _resumable(meta.get("config", {})), _resumable(json.loads(json.dumps(asdict(cfg), default=str)))
     if meta.get("kind") != "train" or not extends(stored, asked):  # e.g. saved before [train.ray] existed
-        raise UsageError(f"run '{name}' was not trained with this config (only grpo_steps may grow)")
+        raise UsageError(f"run '{name}' was not trained with this config (only grpo.steps may grow)")
     run = Run(root, name)
     run.update(status="running", pid=os.getpid(), config=asdict(cfg))
     return run
@@ -377,7 +381,8 @@ def train_job(cfg: TrainConfig, root: str | Path = "runs", name: str | None = No
 
     reporter = reporter or Reporter()
     root = Path(root)
-    launcher_fsdp(cfg.shard_optimizer)  # refuse an FSDP launch this trainer cannot honour before a run exists
+    cfg = cfg.resolve()  # what the run trains with, and what its run.json keeps
+    launcher_fsdp(cfg.distributed.shard_optimizer)  # refuse an FSDP launch this trainer cannot honour, before a run
     rank, world = launch_position()
     if world > 1 and not (name or resume):
         raise UsageError("training with several processes needs --run-name (every process writes to that run)")

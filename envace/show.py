@@ -87,7 +87,7 @@ _PARTS = (("rollout_s", "rollouts (actor)"), ("update_s", "update (learner)"), (
 def _time(con, run_id: str) -> Table | None:
     """Where a training run's GRPO wall time went: each part's seconds and its share of the steps' wall time
     (`step_s`), and how stale what the learner trained on was. Synchronous steps add up to 100%; with
-    `max_staleness` the actor's rollouts overlap the update, so their shares add up to more."""
+    `grpo.max_staleness` the actor's rollouts overlap the update, so their shares add up to more."""
     rows = dict(con.execute("SELECT name, sum(value) FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
                             "AND (name IN ('step_s', 'actor_restarts', " + ", ".join(f"'{n}'" for n, _ in _PARTS) +
                             ") OR regexp_matches(name, '^actor[0-9]+_rollout_s$')) GROUP BY name",

@@ -11,12 +11,12 @@ envace() { .venv/bin/envace "$@"; }
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
 done_run "eval-base-$TAG" || envace eval default --config "$CONFIG" --run-name "eval-base-$TAG"
-done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0 --set eval_every=0
+done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo.steps=0 --set eval.every=0
 SFT="$ROOT/sft-$TAG/checkpoint"
 done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
 for VARIANT in envace caller_only real_env; do
   done_run "$VARIANT-$TAG" || envace train "$CONFIG" --run-name "$VARIANT-$TAG" --set model=\""$SFT"\" \
-    --set sft_tasks=0 --set variant="$VARIANT" --set eval_every=0
+    --set sft.tasks=0 --set grpo.variant="$VARIANT" --set eval.every=0
   done_run "eval-$VARIANT-$TAG" || envace eval "$ROOT/$VARIANT-$TAG/checkpoint" --config "$CONFIG" \
     --run-name "eval-$VARIANT-$TAG"
 done

@@ -18,21 +18,21 @@ envace() { .venv/bin/envace "$@"; }
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
 if [ -z "${SFT:-}" ]; then  # SFT=CHECKPOINT starts the arms from a checkpoint trained elsewhere
-  done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo_steps=0 \
-    ${SFT_TASKS:+--set sft_tasks=$SFT_TASKS}
+  done_run "sft-$TAG" || envace train "$CONFIG" --run-name "sft-$TAG" --set grpo.steps=0 \
+    ${SFT_TASKS:+--set sft.tasks=$SFT_TASKS}
   SFT="$ROOT/sft-$TAG/checkpoint"
 fi
 done_run "eval-sft-$TAG" || envace eval "$SFT" --config "$CONFIG" --run-name "eval-sft-$TAG"
 # The screen samples the pool as GRPO will (experiments/bfcl_turns_screen.toml); a turn whose 8 rewards are all
 # equal gives no group a signal, so the arms train on the others, all of them every step.
-POOL=(${SFT_TASKS:+--set grpo_tasks=$SFT_TASKS}) SUFFIX=""
+POOL=(${SFT_TASKS:+--set grpo.tasks=$SFT_TASKS}) SUFFIX=""
 SCREENED=(${SCREEN_LIMIT:+--limit $SCREEN_LIMIT})
 if [ "${SCREEN:-1}" != 0 ]; then
   done_run "screen-sft-$TAG" || envace rollout --config experiments/bfcl_turns_screen.toml --model "$SFT" \
     --run-name "screen-sft-$TAG" "${SCREENED[@]}"
   UNITS=$(.venv/bin/python experiments/screen_units.py "screen-sft-$TAG" --root "$ROOT" ${POOL_MAX:+--max $POOL_MAX})
   COUNT=$(.venv/bin/python -c 'import json, sys; print(len(json.load(sys.stdin)))' <<<"$UNITS")
-  POOL+=(--set "grpo_units=$UNITS" --set "tasks_per_step=$COUNT")
+  POOL+=(--set "grpo.units=$UNITS" --set "grpo.tasks_per_step=$COUNT")
   SUFFIX=-screened
 fi
 arm() {  # name, then --set overrides
@@ -40,7 +40,7 @@ arm() {  # name, then --set overrides
   local start=(--run-name "$run")  # a run stopped part-way (Ctrl-C, kill, a session's end) goes on where it stopped
   grep -qs '"status": "interrupted"' "$ROOT/$run/run.json" && start=(--resume "$run")
   done_run "$run" || envace train "$CONFIG" "${start[@]}" --set model="\"$SFT\"" \
-    --set sft_tasks=0 --set seed="$SEED" ${STEPS:+--set grpo_steps=$STEPS} "${POOL[@]}" "$@"
+    --set sft.tasks=0 --set seed="$SEED" ${STEPS:+--set grpo.steps=$STEPS} "${POOL[@]}" "$@"
   done_run "eval-$run" || envace eval "$ROOT/$run/checkpoint" --config "$CONFIG" --run-name "eval-$run"
   # the screen again with the trained policy (same seed, so the same random draws): did the trained turns'
   # pass rate move, and the other turns'? (experiments/turns_report.py compares it with the SFT's screen)
@@ -50,13 +50,13 @@ arm() {  # name, then --set overrides
 for name in ${ARMS:-envace caller_only real_env dyna fidelity control}; do
   case $name in
     envace) arm envace ;;
-    caller_only) arm caller_only --set variant=caller_only ;;
-    real_env) arm real_env --set variant=real_env ;;
+    caller_only) arm caller_only --set grpo.variant=caller_only ;;
+    real_env) arm real_env --set grpo.variant=real_env ;;
     dyna) arm dyna --set rollout.real_fraction=0.5 ;;
-    fidelity) arm fidelity --set rehearser_reward='"task+fidelity"' --set rollout.shadow_fraction=1.0 ;;
+    fidelity) arm fidelity --set grpo.rehearser_reward='"task+fidelity"' --set rollout.shadow_fraction=1.0 ;;
     # the control: the same steps and random draws with a learning rate too small to move a weight, so its
     # training reward per step is what the draws alone give (caller-only: cheaper, and the same samples)
-    control) arm control --set variant=caller_only --set lr=1e-12 ;;
+    control) arm control --set grpo.variant=caller_only --set grpo.lr=1e-12 ;;
     *) echo "unknown arm '$name' (envace caller_only real_env dyna fidelity control)" >&2; exit 2 ;;
   esac
 done

@@ -7,13 +7,13 @@ and the wheels `experiments/device-wheels.txt` names. The model is gpu_check's r
 shape with its real 151,936-token vocabulary, saved as a model folder; the tokenizer is the tiny one shipped in the
 repository (sampled ids it does not know decode to nothing); the environment is the example shop
 (`envace.envs.example:benchmark`, no benchmark package). Every run on the device: bf16, LoRA, checkpointing, tree
-packing with `tree_attention = "auto"` under a 16,384-token budget, HF generation, a short SFT warm-up, and
-`flat_row_metrics` on.
+packing with `packing.attention = "auto"` under a 16,384-token budget, HF generation, a short SFT warm-up, and
+`packing.flat_row_metrics` on.
 
 Three runs into one root, then checks read back from their Parquet shards with pyarrow (no duckdb):
 - `sync`: two synchronous GRPO steps; the golden run for resume, and its checkpoint is merged and reloaded;
 - `resumed`: one step, then `--resume` to two: the next step, the units and the state against `sync`;
-- `stale`: two steps with `max_staleness = 1`: step 2 is sampled by policy version 0.
+- `stale`: two steps with `grpo.max_staleness = 1`: step 2 is sampled by policy version 0.
 A random init earns reward 0 on every rollout, so every GRPO advantage is 0 and the steps back-propagate nothing
 (the table says so); SFT is the backward pass, and the GRPO rows are forwarded without gradient for the entropy
 and the log-prob gap between generation and training. Each row is printed (and flushed) the moment it is
@@ -48,7 +48,7 @@ import gpu_check  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from envace.config import TrainConfig  # noqa: E402
+from envace.config import TrainConfig, overlay  # noqa: E402
 from envace.jobs import Reporter, train_job  # noqa: E402
 from envace.policy.hf import prefers_prefix_cache  # noqa: E402
 from envace.training import checkpoint, flex_tree, grpo  # noqa: E402
@@ -63,8 +63,8 @@ class Shape:
     model: str  # a key of gpu_check.SHAPES
     device: str
     dtype: str
-    budget: int  # max_pack_tokens
-    tasks: int  # tasks_per_step
+    budget: int  # packing.max_tokens
+    tasks: int  # grpo.tasks_per_step
     group: int
     new_tokens: int
     gap_tolerance: float  # mean |log π_train − log π_generate| allowed (fp32 on a CPU, bf16 on a GPU)
@@ -209,13 +209,15 @@ def state(run: Path) -> dict:
 
 
 def config(shape: Shape, model: Path, **changes) -> TrainConfig:
-    table = {"model": str(model), "dtype": shape.dtype, "lora": True, "lora_rank": 16, "gradient_checkpointing": True,
-             "packing": "tree", "tree_attention": "auto", "max_pack_tokens": shape.budget, "flat_row_metrics": True,
-             "sft_tasks": 2, "sft_epochs": 1, "grpo_steps": 2, "tasks_per_step": shape.tasks,
-             "grpo_pool_overlap": True, "eval_every": 0,
+    """The device run's `[train]` table, with `changes` (tables: `grpo={"steps": 1}`) laid over it."""
+    table = {"model": str(model),
+             "policy": {"dtype": shape.dtype, "lora": True, "lora_rank": 16, "gradient_checkpointing": True},
+             "packing": {"strategy": "tree", "attention": "auto", "max_tokens": shape.budget, "flat_row_metrics": True},
+             "sft": {"tasks": 2, "epochs": 1},
+             "grpo": {"steps": 2, "tasks_per_step": shape.tasks, "pool_overlap": True}, "eval": {"every": 0},
              "rollout": {"env": EXAMPLE_ENV, "category": "groceries", "group_size": shape.group,
                          "max_new_tokens": shape.new_tokens}}
-    return TrainConfig.from_dict({**table, **changes})
+    return TrainConfig.from_dict(overlay(table, changes))
 
 
 class Check:
@@ -296,10 +298,10 @@ class Check:
 
     # --- resumed: one step, then --resume to two, against sync ----------------------------------------------------
     def resume(self) -> tuple[str, bool]:
-        first = self.train("resumed", grpo_steps=1)
+        first = self.train("resumed", grpo={"steps": 1})
         saved_step = state(first)["next_step"]
         before = len(self.log.lines)
-        self.train("resumed", resume=True, grpo_steps=2)
+        self.train("resumed", resume=True, grpo={"steps": 2})
         said = self.log.lines[before:]
         resumed = any("resuming at GRPO step 2" in line for line in said)
         no_sft = not any(line.startswith("SFT:") for line in said)
@@ -336,9 +338,9 @@ class Check:
         same = sum(a == b for a, b in zip(gens, g_gens, strict=False)) / max(len(g_gens), 1)
         return bool(units) and units == g_units, bool(first) and first == g_first, same
 
-    # --- stale: max_staleness = 1 -----------------------------------------------------------------------------------
+    # --- stale: grpo.max_staleness = 1 -------------------------------------------------------------------------------
     def staleness(self) -> tuple[str, bool]:
-        self.stale = self.train("stale", max_staleness=1, vllm_importance_cap=2.0)
+        self.stale = self.train("stale", grpo={"max_staleness": 1, "importance_cap": 2.0})
         m = metrics(self.stale)
         versions = sorted({g["policy_version"] for g in shards(self.stale, "generations") if g["step"] == 1})
         ok = (sorted(m) == [0, 1] and m[0]["staleness"] == 0 and m[1]["staleness"] == 1 and versions == [0]

@@ -15,7 +15,7 @@ finished row; a row that fails says which check failed and the rest still run. M
   prompt is deferred, and its pack's key count is odd, no multiple of 8): per-token log-probs and LoRA gradients,
   each path measured against the same weights run in fp32, so bf16 rounding is told apart from a defect;
 - the update beside a stand-in for a co-located vLLM server (a block of `share × total` GPU memory held, as
-  vLLM's gpu_memory_utilization takes it): at vLLM's default share (0.92) and the configs' `vllm_gpu_memory` (0.4).
+  vLLM's gpu_memory_utilization takes it): at vLLM's default share (0.92) and the configs' `serving.gpu_memory` (0.4).
 On CUDA the updates run with only the flash and memory-efficient SDPA kernels allowed, so a fallback to the
 math kernel (every score materialised, slow) fails its row loudly instead of being timed.
 On one H200 (2026-12-04, docs/benchmarks.md has the table) the whole table took under 3 minutes; rows past

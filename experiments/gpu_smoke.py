@@ -65,8 +65,8 @@ def _positive(text: str) -> int:
 
 def train_argv(args: argparse.Namespace, root: str) -> list[str]:
     """`envace train`'s arguments: the config as written, only model, scale and evaluation overridden."""
-    sets = [f'model="{args.model}"', f"grpo_steps={args.steps}", f"tasks_per_step={args.tasks_per_step}",
-            "eval_every=0", f"save_every={args.steps}", *args.set]
+    sets = [f'model="{args.model}"', f"grpo.steps={args.steps}", f"grpo.tasks_per_step={args.tasks_per_step}",
+            "eval.every=0", f"grpo.save_every={args.steps}", *args.set]
     return ["train", args.config, "--root", root, "--run-name", "gpu-smoke",
             *[item for s in sets for item in ("--set", s)]]
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python experiments/screen_units.py RUN [--root runs] [--max N]
 
-Prints one line to stdout, a TOML array of those unit uids (`--set grpo_units=$(…)`), and per unit its hits
+Prints one line to stdout, a TOML array of those unit uids (`--set grpo.units=$(…)`), and per unit its hits
 to stderr. `--max N` keeps N of them, spread over as many scenarios (whole tasks) as it can: the scenarios
 take turns, each giving its unit closest to half scored (the most signal a group of G can expect) first.
 A missing run, or a screen in which no unit's rewards differ, is one error line and exit 2: GRPO on

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from envace.compare import episode_pairs, holm_columns, markdown
+from envace.config import nest
 from envace.errors import UsageError
 from envace.stats import cluster_bootstrap as bootstrap
 from envace.stats import paired_outcomes, sign_test
@@ -182,7 +183,8 @@ def arm_report(wb: Workbench, arm: str, run: str, sft_screen: str, completed: se
         print(f"\n### {run}: rehearser fidelity on the shadow pairs of each step\n")
         print(markdown(fidelity))
         print(f"\nstructure F1 slope per step {b:+.4f} (95% CI {lo:+.4f} … {hi:+.4f})")
-    units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units")
+    config = nest(json.loads((wb.root / run / "run.json").read_text())["config"])  # old runs' keys too
+    units = config.get("grpo", {}).get("units")
     if not units:
         return
     print(f"\n### {run}: scored episodes per turn and step (of G per group)\n")

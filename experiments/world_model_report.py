@@ -28,6 +28,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from envace import world_model
+from envace.config import nest
 from envace.envs import registry
 from envace.errors import UsageError, run_main
 from envace.stats import cluster_bootstrap, holm, sign_test
@@ -47,9 +48,15 @@ def md(frame: pd.DataFrame) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)])
 
 
+def stored_units(wb: Workbench, run: str) -> list[str]:
+    """The units a train run's GRPO was fixed to (its stored `grpo.units`, or `grpo_units` in an earlier run)."""
+    config = json.loads((wb.root / run / "run.json").read_text())["config"]
+    return nest(config).get("grpo", {}).get("units") or []
+
+
 def pool_tools(wb: Workbench, run: str) -> set[str]:
-    """The tools of the gold calls of an arm's trained turns (`grpo_units`)."""
-    units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units") or []
+    """The tools of the gold calls of an arm's trained turns (`grpo.units`)."""
+    units = stored_units(wb, run)
     bfcl = registry.get("bfcl")
     tasks = {t.uid: t for t in bfcl.load_tasks("multi_turn_base", "train")}
     tools = set()
@@ -212,7 +219,7 @@ def best_arm(wb: Workbench, tag: str, seed: int, arms: list[str], present: set[s
         run = f"{arm}-screened-{tag}-s{seed}"
         if arm == "control" or f"screen-{run}" not in present:
             continue
-        units = json.loads((wb.root / run / "run.json").read_text())["config"].get("grpo_units") or []
+        units = stored_units(wb, run)
         episodes = wb.episodes(f"screen-{run}", limit=1_000_000)
         scores[run] = int((episodes[episodes["task_uid"].isin(units)]["checklist"] > 0).sum())
     if not scores:

@@ -130,16 +130,24 @@ memory_tokens = 24
 
 [train]
 model = "default"
+
+[train.policy]
 lora = true
-sft_tasks = 1
-sft_epochs = 1
-sft_lr = 1e-3
+
+[train.sft]
+tasks = 1
+epochs = 1
+lr = 1e-3
 rows_per_step = 16
-grpo_steps = 1
+
+[train.grpo]
+steps = 1
 tasks_per_step = 1
 lr = 2e-4
-eval_every = 1
-eval_limit = 1
+
+[train.eval]
+every = 1
+limit = 1
 
 [train.rollout]
 tool_docs = "compact"

@@ -23,19 +23,27 @@ FIXTURE = Path(__file__).with_name("fixtures") / "golden"
 CONFIG = """\
 [train]
 model = "tiny"
+
+[train.policy]
 lora = true
 lora_rank = 4
-sft_tasks = 1
-sft_epochs = 1
-sft_lr = 1e-2
+
+[train.sft]
+tasks = 1
+epochs = 1
+lr = 1e-2
 rows_per_step = 8
-grpo_steps = {steps}
+
+[train.grpo]
+steps = {steps}
 tasks_per_step = 1
 lr = 1e-3
-eval_every = 3
-eval_limit = 1
 max_staleness = {staleness}
-vllm_importance_cap = 2.0
+importance_cap = 2.0
+
+[train.eval]
+every = 3
+limit = 1
 
 [train.rollout]
 group_size = 4
@@ -129,10 +137,16 @@ def train(toml: Path, root: Path, name: str, *extra: str) -> None:
 
 def configs(repo: Path) -> dict[str, dict]:
     """Every `[rollout]` and `[train]` table of `experiments/*.toml`, and the fixture run's stored config, as the
-    code resolves them (a model absent from this machine read as `tiny`, as `test_train` checks them)."""
+    code resolves them (a model absent from this machine read as `tiny`, as `test_train` checks them). A train
+    config's tables are read back into the flat keys the snapshot was taken with (`config.flat`, the inverse of
+    the migration map), so the snapshot compares settings, whichever way a file spells them."""
     from dataclasses import asdict
 
-    from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, load_toml
+    from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, flat, load_toml
+
+    def settings(cls, data: dict) -> dict:
+        value = flat(TrainConfig.from_dict(data).resolve()) if cls is TrainConfig else asdict(cls.from_dict(data))
+        return json.loads(json.dumps(value, default=str))
 
     out = {}
     for path in sorted((repo / "experiments").glob("*.toml")):
@@ -142,10 +156,10 @@ def configs(repo: Path) -> dict[str, dict]:
                 data = dict(raw[table])
                 if data.get("model", "default") not in ("default", "tiny"):
                     data["model"] = "tiny"
-                out[f"{path.name} [{table}]"] = json.loads(json.dumps(asdict(cls.from_dict(data)), default=str))
+                out[f"{path.name} [{table}]"] = settings(cls, data)
     stored = json.loads((FIXTURE / "store" / "cut" / "run.json").read_text())["config"]
     stored["rollout"] = {k: v for k, v in stored["rollout"].items() if k not in TRAINER_OWNED}  # the trainer's
-    out["fixture run.json"] = json.loads(json.dumps(asdict(TrainConfig.from_dict(stored)), default=str))
+    out["fixture run.json"] = settings(TrainConfig, stored)
     return out
 
 

@@ -209,8 +209,8 @@ def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, br
 
 def edit_launch_form(browser, url: str):
     """The Launch tab on smoke.toml's train job: one folded group per TOML table (the job's own open), widgets by
-    type, a value the file sets marked, start disabled while a field is invalid (lr = -1) and enabled again once
-    it checks out (lr = 0.0005, listed as edited). Returns the start button's locator."""
+    type, a value the file sets marked, start disabled while a field is invalid (grpo.lr = -1) and enabled again once
+    it checks out (grpo.lr = 0.0005, listed as edited). Returns the start button's locator."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -223,10 +223,10 @@ def edit_launch_form(browser, url: str):
     # one folded group per TOML table, the job's own open; widgets by type, a changed value marked
     groups = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".launch-table button.label-wrap")]
     assert any(g.startswith("[train] ·") for g in groups) and any(g.startswith("[train.rollout] ·") for g in groups)
-    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-lora input[type=checkbox]")
-    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-algorithm input")  # a dropdown of its choices
-    assert "● grpo_steps" in browser.find_element(By.ID, "launch-train-grpo_steps").text  # the file sets 2
-    lr = browser.find_element(By.CSS_SELECTOR, "#launch-train-lr input")
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-policy-lora input[type=checkbox]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-grpo-algorithm input")  # a dropdown of its choices
+    assert "● steps" in browser.find_element(By.ID, "launch-train-grpo-steps").text  # the file sets 2
+    lr = browser.find_element(By.CSS_SELECTOR, "#launch-train-grpo-lr input")
     lr.send_keys(Keys.CONTROL, "a")
     lr.send_keys("-1", Keys.TAB)
     check = (By.ID, "launch-check")
@@ -236,7 +236,7 @@ def edit_launch_form(browser, url: str):
     lr.send_keys("0.0005", Keys.TAB)
     wait.until(lambda d: d.find_element(*start).is_enabled())
     changes = " ".join(browser.find_element(By.ID, "launch-changes").text.split())
-    assert "lr = 0.0005 (default 1e-05, edited here)" in changes and "grpo_steps = 2 (default 4)" in changes
+    assert "grpo.lr = 0.0005 (default 1e-05, edited here)" in changes and "grpo.steps = 2 (default 4)" in changes
     return start
 
 
@@ -256,7 +256,7 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     assert "GRPO step 2/2" in browser.find_element(*log).get_attribute("value")
     launched = [p.name for p in store.iterdir() if p.name.startswith("train-")]
     assert len(launched) == 1
-    assert get_run(store, launched[0])["config"]["lr"] == 0.0005  # the edit is what the job ran
+    assert get_run(store, launched[0])["config"]["grpo"]["lr"] == 0.0005  # the edit is what the job ran
     # the Runs tab lists it after its next refresh
     open_tab(browser, "Runs")
     WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)

@@ -1,7 +1,7 @@
 """Training rows always fit the packing budget (`envace.training.budget`): a long run never crashes on one.
 
 The caller is the reference policy (it replays gold calls, so episodes run for several steps, as a trained
-policy's would), the trained model the tiny one; `max_pack_tokens` is set just above the shortest opening
+policy's would), the trained model the tiny one; `packing.max_tokens` is set just above the shortest opening
 prompt, so most units cannot open within it and the ones that can run out of room after their first call.
 """
 
@@ -50,7 +50,7 @@ def reference_caller(monkeypatch, bfcl):
 
 
 def _train(root, *overrides: str) -> int:
-    sets = [a for o in ("sft_tasks=0", "grpo_steps=2", "rollout.max_steps_per_turn=4", "rollout.max_new_tokens=64",
+    sets = [a for o in ("sft.tasks=0", "grpo.steps=2", "rollout.max_steps_per_turn=4", "rollout.max_new_tokens=64",
                         "rollout.group_size=4",
                         *overrides)
             for a in ("--set", o)]
@@ -67,7 +67,7 @@ def _longest_row(con, where: str) -> int | None:
 
 
 def test_long_episodes_under_a_small_budget_train_and_every_row_fits(tmp_path, reference_caller, capsys):
-    assert _train(tmp_path, f"max_pack_tokens={BUDGET}") == 0  # raised BudgetError mid-step before
+    assert _train(tmp_path, f"packing.max_tokens={BUDGET}") == 0  # raised BudgetError mid-step before
     out = " ".join(capsys.readouterr().out.split())  # the CLI folds long lines
     assert "left out of the pool" in out  # units whose first row cannot fit were dropped before any rollout
     con = connect(tmp_path)
@@ -81,9 +81,9 @@ def test_long_episodes_under_a_small_budget_train_and_every_row_fits(tmp_path, r
 def test_a_rehearser_prompt_over_the_budget_is_kept_out_of_the_update_not_a_crash(tmp_path, reference_caller,
                                                                                    capsys):
     # every tool schema in the rehearser's prompt: its prompts alone pass the budget
-    assert _train(tmp_path, f"max_pack_tokens={BUDGET}", "rollout.rehearser.tools=all") == 0
+    assert _train(tmp_path, f"packing.max_tokens={BUDGET}", "rollout.rehearser.tools=all") == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"row(s) over max_pack_tokens = {BUDGET} left out of the update" in out
+    assert f"row(s) over packing.max_tokens = {BUDGET} left out of the update" in out
     con = connect(tmp_path)
     assert _longest_row(con, "role = 'rehearser'") > BUDGET
     assert (_longest_row(con, "trained") or 0) <= BUDGET
@@ -92,9 +92,9 @@ def test_a_rehearser_prompt_over_the_budget_is_kept_out_of_the_update_not_a_cras
 
 
 def test_a_pool_no_row_of_which_fits_is_one_line_with_both_numbers(tmp_path, reference_caller, capsys):
-    assert _train(tmp_path, "max_pack_tokens=1000") == 2
+    assert _train(tmp_path, "packing.max_tokens=1000") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "max_pack_tokens" in err[0] and "1000" in err[0]
+    assert len(err) == 1 and "packing.max_tokens" in err[0] and "1000" in err[0]
     assert "shortest first caller row" in err[0] and "Traceback" not in err[0]
     assert not list(tmp_path.glob("t/episodes/*.parquet"))  # before any rollout
 
@@ -138,6 +138,6 @@ def test_the_hf_fallback_takes_the_configured_micro_batch_size(tmp_path, monkeyp
         return HFBackend(model, tok, max_batch_tokens, *rest)
 
     monkeypatch.setattr(rollout_actor, "HFBackend", recording)
-    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "sft_tasks=0",
-                 "--set", "grpo_steps=1", "--set", "rollout.max_batch_tokens=4096"]) == 0
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "sft.tasks=0",
+                 "--set", "grpo.steps=1", "--set", "rollout.max_batch_tokens=4096"]) == 0
     assert sizes and set(sizes) == {4096}  # was the backend's default, 32,768, whatever the config said

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "experiments" / "smoke.toml")
 # an actor on each node (their nodes are the ones checked), a learner rank beside one of them
 SPREAD = ["ray.actors=2", "ray.actor_placement=STRICT_SPREAD", "ray.actor_cpus=0.5", "ray.learner_cpus=0.5",
-          "grpo_steps=1"]
+          "grpo.steps=1"]
 
 
 def _refused(capsys, root: Path, address: str, *settings: str) -> str:

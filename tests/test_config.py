@@ -48,10 +48,10 @@ def test_nested_tables_layer_over_their_defaults_and_name_the_path():
         TrainConfig.from_dict({"model": "tiny", "rollout": {"mode": "real"}})
     with pytest.raises(UsageError, match=r"rollout: unknown key\(s\) nope"):
         TrainConfig.from_dict({"model": "tiny", "rollout": {"nope": 1}})
-    with pytest.raises(UsageError, match="lr: expected a number, got 'abc'"):
-        TrainConfig(model="tiny", lr="abc")
-    with pytest.raises(UsageError, match="lr: must be > 0"):
-        TrainConfig(model="tiny", lr=0.0)
+    with pytest.raises(UsageError, match="grpo.lr: expected a number, got 'abc'"):
+        TrainConfig(model="tiny", grpo={"lr": "abc"})
+    with pytest.raises(UsageError, match="grpo.lr: must be > 0"):
+        TrainConfig(model="tiny", grpo={"lr": 0.0})
 
 
 def test_help_shows_each_options_default_and_choices(capsys):
@@ -83,27 +83,27 @@ def test_a_resumed_run_goes_on_across_versions_but_not_across_designs(tmp_path):
     assert extends({"a": 1, "t": {"b": 2}}, {"a": 1, "t": {"b": 2, "new": 0}, "new": {}})
     assert not extends({"a": 1, "t": {"b": 2}}, {"a": 1, "t": {"b": 3}})
     assert not extends({"a": 1, "gone": 2}, {"a": 1})  # a field the asked config lacks is a change too
-    cfg = TrainConfig(model="tiny", grpo_steps=2)
+    cfg = TrainConfig(model="tiny", grpo={"steps": 2}).resolve()
     stored = asdict(cfg)
     stored.pop("ray")  # as a run saved before [train.ray] existed
     stored["rollout"].pop("group_size")
     Run.create(tmp_path, "train", stored, "tiny", "old").update(status="interrupted")
-    _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5))  # grpo_steps may grow
+    _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo={"steps": 5}).resolve())  # grpo.steps may grow
     with pytest.raises(UsageError, match="'old' was not trained with this config"):
-        _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo_steps=5, lr=1e-3))
+        _resume_run(tmp_path, "old", TrainConfig(model="tiny", grpo={"steps": 5, "lr": 1e-3}).resolve())
 
 
 @pytest.mark.parametrize("setting", ["rollout.temperature=0.7", "rollout.top_p=0.9", "rollout.rehearser.temperature=0"])
 def test_importance_sampling_away_from_temperature_1_is_one_line_before_a_run_folder(tmp_path, capsys, setting):
-    """vllm_importance_cap weighs tokens against the model's raw distribution (`grpo.aligned`): sampling the trained
+    """grpo.importance_cap weighs tokens against the model's raw distribution (`grpo.aligned`): sampling the trained
     roles at another temperature or top-p is refused when the config is read."""
     from envace.cli import main
 
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "r",
-                 "--set", "vllm_importance_cap=2.0", "--set", setting]) == 2
+                 "--set", "grpo.importance_cap=2.0", "--set", setting]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and setting.split("=")[0] in err[0] and "vllm_importance_cap" in err[0], err
+    assert len(err) == 1 and setting.split("=")[0] in err[0] and "grpo.importance_cap" in err[0], err
     assert not (tmp_path / "r").exists()
     # a rehearser sampled at its own temperature is fine where it is not trained (real_env: the caller alone)
-    assert "rehearser" not in TrainConfig.from_dict({"vllm_importance_cap": 2.0, "variant": "real_env",
+    assert "rehearser" not in TrainConfig.from_dict({"grpo": {"importance_cap": 2.0, "variant": "real_env"},
                                                      "rollout": {"rehearser": {"temperature": 0.0}}}).trained_roles

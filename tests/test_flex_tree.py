@@ -108,10 +108,10 @@ def test_flex_with_gradients_on_a_cpu_is_one_line_and_auto_picks_dense(tiny):
     model, _ = tiny
     rows = _rows(4)
     advantages = [1.0, -1.0] * (len(rows) // 2)
-    with pytest.raises(UsageError, match="tree_attention = flex: FlexAttention has no backward pass on cpu") as err:
+    with pytest.raises(UsageError, match="packing.attention = flex: FlexAttention has no backward pass on cpu") as err:
         backward(copy.deepcopy(model), rows, advantages, 0, tree_attention="flex")
     assert "\n" not in str(err.value)
-    with pytest.raises(UsageError, match="tree_attention: 'sparse' is not one of auto, dense, flex"):
+    with pytest.raises(UsageError, match="packing.attention: 'sparse' is not one of auto, dense, flex"):
         backward(copy.deepcopy(model), rows, advantages, 0, tree_attention="sparse")
     trained = copy.deepcopy(model)
     assert backward(trained, rows, advantages, 0, tree_attention="auto")["tree_attention_flex_packs"] == 0
@@ -149,7 +149,8 @@ def test_flex_gradients_equal_the_dense_ones_on_cuda(tiny, budget):
 def test_a_tree_attention_outside_its_names_is_one_line_naming_the_field(tmp_path, capsys, value):
     from envace.cli import main
 
-    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", f"tree_attention={value}"]) == 2
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set",
+                 f"packing.attention={value}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "tree_attention" in err[0] and "auto, dense, flex" in err[0]
+    assert len(err) == 1 and "packing.attention" in err[0] and "auto, dense, flex" in err[0]
     assert not list(tmp_path.iterdir())  # before any run or model

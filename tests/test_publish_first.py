@@ -59,10 +59,10 @@ def test_the_actor_plays_the_unlocked_step_before_the_rows_are_written(monkeypat
     import envace.training.loop as loop
 
     monkeypatch.setattr(loop, "save_state", lambda *args: None)
-    cfg = TrainConfig(model="tiny", grpo_steps=4, tasks_per_step=1, max_staleness=1, vllm_importance_cap=2.0,
+    cfg = TrainConfig(model="tiny", grpo={"steps": 4, "tasks_per_step": 1, "max_staleness": 1, "importance_cap": 2.0},
                       rollout={"temperature": 1.0})
     actor = Actor()
-    recorder = Recorder(actor, cfg.max_staleness, cfg.grpo_steps)
+    recorder = Recorder(actor, cfg.grpo.max_staleness, cfg.grpo.steps)
     trainer = Trainer(cfg, None, Procs(), Learner(), recorder, pool=["unit"])
     overlapped(trainer, actor, 0, {})
     # steps 0 and 1 unlock steps 2 and 3: each began while its unlocking step's rows were still unwritten

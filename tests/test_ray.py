@@ -26,9 +26,9 @@ from envace.cli import main
 from envace.store import connect
 
 HOOKS = Path(__file__).parent / "ray_workers"
-STALE = ["--set", "max_staleness=1", "--set", "vllm_importance_cap=2.0", "--set", "sft_tasks=0",
-         "--set", "rollout.group_size=4", "--set", "rollout.temperature=1.0", "--set", "lr=5e-2",
-         "--set", "flat_row_metrics=true", "--set", "tasks_per_step=2"]
+STALE = ["--set", "grpo.max_staleness=1", "--set", "grpo.importance_cap=2.0", "--set", "sft.tasks=0",
+         "--set", "rollout.group_size=4", "--set", "rollout.temperature=1.0", "--set", "grpo.lr=5e-2",
+         "--set", "packing.flat_row_metrics=true", "--set", "grpo.tasks_per_step=2"]
 # an actor on each node, a learner of two ranks (gloo): 2 × 1 + 2 × 0.5 of the cluster's 4 CPUs
 TWO_NODES = ["--set", "ray.actors=2", "--set", "ray.actor_placement=STRICT_SPREAD", "--set", "ray.learners=2",
              "--set", "ray.learner_cpus=0.5"]
@@ -53,7 +53,7 @@ def cluster(tmp_path_factory):
 
 def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
     return main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--run-name", name,
-                 "--set", f"grpo_steps={steps}", *STALE, *extra])
+                 "--set", f"grpo.steps={steps}", *STALE, *extra])
 
 
 def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
@@ -112,7 +112,7 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     monkeypatch.setattr(driver.RemoteActors, "play", play)
     assert _train(address, runs, "cut", 2, *TWO_NODES) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
-                 "--set", "grpo_steps=3", *STALE, *TWO_NODES]) == 0
+                 "--set", "grpo.steps=3", *STALE, *TWO_NODES]) == 0
 
     same(stored(connect(runs), "whole", step=2), stored(connect(runs), "cut", step=2))
     whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
@@ -160,12 +160,12 @@ def test_a_failed_actor_call_is_named_in_one_line():
 
 @pytest.mark.heavy
 def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):
-    """max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
+    """grpo.max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
     `envace train` in one process (whose backend takes the same half-gold messages, in-process)."""
     from envace.policy.hf import HFBackend
 
     address, runs = cluster
-    sync = ["--set", "max_staleness=0", "--set", "sft_tasks=1", "--set", "sft_epochs=1"]
+    sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0
     spec = importlib.util.spec_from_file_location("ray_worker_hooks", HOOKS / "sitecustomize.py")
     hooks = importlib.util.module_from_spec(spec)
@@ -176,7 +176,7 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
     torch.set_num_threads(1)  # as the actor and the learner rank (1 CPU each): the same order of float additions
     try:
         assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "local", "--set",
-                     "grpo_steps=2", *STALE, *sync]) == 0
+                     "grpo.steps=2", *STALE, *sync]) == 0
     finally:
         torch.set_num_threads(threads)
     ray_con, local_con = connect(runs), connect(tmp_path)

@@ -1,4 +1,4 @@
-"""Memory-aware SFT (`[train] sft_memory`): caller rows whose turn's user message carries a rehearsal memory, the
+"""Memory-aware SFT (`[train.sft] memory`): caller rows whose turn's user message carries a rehearsal memory, the
 gold call as target, from train tasks only (`envace/training/memory_rows.py`)."""
 
 import re
@@ -69,14 +69,14 @@ def _same(a, b):
 
 def test_sft_rows_add_memory_rows_with_the_flag_and_are_unchanged_without(bfcl, tiny):
     policy = _policy(bfcl, tiny)
-    plain_cfg = TrainConfig(model="tiny", sft_tasks=2)
+    plain_cfg = TrainConfig(model="tiny", sft={"tasks": 2})
     plain = sft_rows(plain_cfg, policy)
     before = [r for r in reference_rows(policy.train_tasks[:2], bfcl, tiny[1], plain_cfg.rollout.rehearser,
                                         plain_cfg.rollout.caller_demo, policy.bank, plain_cfg.rollout.tool_docs)
               if r.role in plain_cfg.trained_roles or r.role == "summariser"]
-    assert _same(plain, before)  # sft_memory = none: the rows as they were
+    assert _same(plain, before)  # sft.memory = none: the rows as they were
     assert not any("<rehearsal_memory>" in _text(tiny[1], r.prompt_ids) for r in plain)
-    aware = sft_rows(TrainConfig(model="tiny", sft_tasks=2, sft_memory="reference"), policy)
+    aware = sft_rows(TrainConfig(model="tiny", sft={"tasks": 2, "memory": "reference"}), policy)
     assert _same(aware[: len(plain)], plain)  # the plain rows first, unchanged
     added = aware[len(plain):]
     assert len(added) == sum(r.role == "caller" for r in plain)
@@ -87,12 +87,12 @@ def test_sft_rows_add_memory_rows_with_the_flag_and_are_unchanged_without(bfcl, 
 
 def test_rehearsed_memories_come_from_the_models_own_imagined_attempts(bfcl, tiny):
     policy = _policy(bfcl, tiny, model=tiny[0])
-    cfg = TrainConfig(model="tiny", sft_tasks=1, sft_memory="rehearsed",
+    cfg = TrainConfig(model="tiny", sft={"tasks": 1, "memory": "rehearsed"},
                       rollout={"max_new_tokens": 8, "caller_demo": True})
     rows = sft_rows(cfg, policy)
     again = sft_rows(cfg, policy)
     assert _same(rows, again)  # drawn from the seed and the weights before SFT: a resumed warm-up rebuilds them
-    plain = sft_rows(TrainConfig(model="tiny", sft_tasks=1, rollout={"max_new_tokens": 8, "caller_demo": True}),
+    plain = sft_rows(TrainConfig(model="tiny", sft={"tasks": 1}, rollout={"max_new_tokens": 8, "caller_demo": True}),
                      policy)
     added = rows[len(plain):]
     assert _same(rows[: len(plain)], plain) and len(added) == sum(r.role == "caller" for r in plain)
@@ -105,7 +105,7 @@ def test_rehearsed_memories_come_from_the_models_own_imagined_attempts(bfcl, tin
 
 
 def test_bad_sft_memory_settings_are_refused():
-    with pytest.raises(UsageError, match="sft_memory: unknown choice"):
-        TrainConfig(model="tiny", sft_memory="gold")
+    with pytest.raises(UsageError, match="sft.memory: unknown choice"):
+        TrainConfig(model="tiny", sft={"memory": "gold"})
     with pytest.raises(UsageError, match="fsdp shards"):
-        TrainConfig(model="tiny", fsdp=True, sft_memory="rehearsed")
+        TrainConfig(model="tiny", distributed={"fsdp": True}, sft={"memory": "rehearsed"})

@@ -1,10 +1,10 @@
-"""Rollouts ahead of the update (`max_staleness`, `envace.training.staleness`): what samples each step, what is
+"""Rollouts ahead of the update (`grpo.max_staleness`, `envace.training.staleness`): what samples each step, what is
 trained, the importance correction's inputs, and an exact resume.
 
 The actor samples with the tiny model's own weights (its copy, loaded with each published version), and half
 of its messages are swapped for the gold ones (the reference policy's) so that rewards differ within a group
 and the learner has something to update on; the swapped messages carry no log-probs, the sampled ones keep
-the actor's. `max_staleness = 0` is the synchronous loop, which the rest of the suite covers.
+the actor's. `grpo.max_staleness = 0` is the synchronous loop, which the rest of the suite covers.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from replay import same, stored
 from envace.cli import main
 from envace.store import connect
 
-STALE = ["--set", "max_staleness=1", "--set", "vllm_importance_cap=2.0", "--set", "sft_tasks=0",
-         "--set", "rollout.group_size=4", "--set", "rollout.temperature=1.0", "--set", "lr=5e-2",
-         "--set", "flat_row_metrics=true"]
+STALE = ["--set", "grpo.max_staleness=1", "--set", "grpo.importance_cap=2.0", "--set", "sft.tasks=0",
+         "--set", "rollout.group_size=4", "--set", "rollout.temperature=1.0", "--set", "grpo.lr=5e-2",
+         "--set", "packing.flat_row_metrics=true"]
 
 
 def _half_gold(monkeypatch, bfcl):
@@ -60,7 +60,7 @@ def ahead(tmp_path_factory, bfcl):
 
 def _train(root, name: str, steps: int, *extra: str) -> int:
     return main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", name,
-                 "--set", f"grpo_steps={steps}", *STALE, *extra])
+                 "--set", f"grpo.steps={steps}", *STALE, *extra])
 
 
 @pytest.mark.heavy
@@ -99,15 +99,16 @@ def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_old
 def test_a_resumed_run_ahead_of_its_update_replays_exactly(ahead, tmp_path, half_gold):
     assert _train(tmp_path, "cut", 2) == 0
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--resume", "cut",
-                 "--set", "grpo_steps=3", *STALE]) == 0
+                 "--set", "grpo.steps=3", *STALE]) == 0
     con = connect(tmp_path)
 
     # step 3 sampled by version 1, kept in state.pt across the stop: the same generations and metrics
     same(stored(connect(ahead), "ahead", step=2), stored(con, "cut", step=2))
 
 
-@pytest.mark.parametrize("settings", [["max_staleness=-1"], ["max_staleness=1"],
-                                      ["max_staleness=1", "vllm_importance_cap=2.0", "shard_optimizer=true"]])
+@pytest.mark.parametrize("settings", [["grpo.max_staleness=-1"], ["grpo.max_staleness=1"],
+                                      ["grpo.max_staleness=1", "grpo.importance_cap=2.0",
+                                       "distributed.shard_optimizer=true"]])
 def test_bad_staleness_settings_are_one_line_and_exit_2(tmp_path, capsys, settings):
     args = [a for s in settings for a in ("--set", s)]
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), *args]) == 2

@@ -49,13 +49,19 @@ memory_tokens = 8
 
 [train]
 model = "tiny"
+
+[train.policy]
 lora = true
 lora_rank = 4
-sft_tasks = 1
-sft_epochs = 1
-sft_lr = 3e-3
+
+[train.sft]
+tasks = 1
+epochs = 1
+lr = 3e-3
 rows_per_step = 8
-grpo_steps = 2
+
+[train.grpo]
+steps = 2
 lr = 1e-3
 
 [train.rollout]
@@ -141,9 +147,13 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     with pytest.raises(UsageError, match="share no episode"):  # an eval and a screen: nothing pairs
         episode_pairs(con, "tiny-eval-envace-s0", "tiny-screen-envace-s0")
 
-    # a study stored before a field existed goes on: the field's default is no change of design
+    # a study stored before a field existed, and with the flat [train] keys of an earlier release, goes on: the
+    # field's default is no change of design, the keys' new names neither
+    from envace.config import flat
+
     meta = root / "tiny" / "run.json"
     stored = json.loads(meta.read_text())
+    stored["config"]["train"] = flat(stored["config"]["train"])
     del stored["config"]["train"]["algorithm"]
     meta.write_text(json.dumps(stored))
     capsys.readouterr()
@@ -162,9 +172,9 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
 
 
 @pytest.mark.parametrize("change, message", [
-    (("[train]\n", "[train]\ngrpo_pool_overlap = true\n"), "drop grpo_pool_overlap"),
+    (("[train.grpo]\n", "[train.grpo]\npool_overlap = true\n"), "drop grpo.pool_overlap"),
     (('arms = ["envace", "control", "random"]', 'arms = ["control", "random"]'), "random takes the norm"),
-    (("sft_tasks = 1", "sft_tasks = 0"), "its own SFT"),
+    (("[train.sft]\ntasks = 1", "[train.sft]\ntasks = 0"), "its own SFT"),
     (("seeds = [0, 1]", "seeds = [0, 0]"), "distinct seeds"),
     (('arms = ["envace", "control", "random"]', 'arms = ["control"]'), "add envace to arms"),
     (("floor_sizes = [1, 2]", "floor_sizes = [0]"), "floor_sizes"),

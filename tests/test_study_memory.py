@@ -1,4 +1,4 @@
-"""The study's `memory` arm: memory-aware SFT (`[train] sft_memory`) on the seed's SFT tasks, then GRPO as envace on
+"""The study's `memory` arm: memory-aware SFT (`[train.sft] memory`) on the seed's SFT tasks, then GRPO as envace on
 the seed's pool; its SFT and GRPO checkpoints measured and swept like the seed's own."""
 
 from __future__ import annotations
@@ -44,13 +44,19 @@ memory_tokens = 8
 
 [train]
 model = "tiny"
+
+[train.policy]
 lora = true
 lora_rank = 4
-sft_tasks = 1
-sft_epochs = 1
-sft_lr = 3e-3
+
+[train.sft]
+tasks = 1
+epochs = 1
+lr = 3e-3
 rows_per_step = 8
-grpo_steps = 1
+
+[train.grpo]
+steps = 1
 lr = 1e-3
 
 [train.rollout]
@@ -69,9 +75,9 @@ def test_the_memory_arm_retrains_sft_with_memory_rows_then_runs_grpo_as_envace(t
     config = tmp_path / "study.toml"
     config.write_text(STUDY.replace('memory_sft = "rehearsed"', 'memory_sft = "reference"'))
     study = Study.load(config)
-    assert study.sft(0).sft_memory == "none" and study.sft(0, arm="envace").sft_memory == "none"
+    assert study.sft(0).sft.memory == "none" and study.sft(0, arm="envace").sft.memory == "none"
     own = study.sft(0, arm="memory")
-    assert own.sft_memory == "reference" and own.sft_tasks == study.sft(0).sft_tasks and own.grpo_steps == 0
+    assert own.sft.memory == "reference" and own.sft.tasks == study.sft(0).sft.tasks and own.grpo.steps == 0
     grpo, envace = study.arm("memory", 0, model="tiny", units=["u"]), study.arm("envace", 0, model="tiny", units=["u"])
     assert grpo == envace  # GRPO as envace's (its start, the memory SFT, is the model it is given)
     assert own_sft_stage(1, "memory") == "sft-n1-memory"
@@ -96,10 +102,10 @@ def test_a_study_with_the_memory_arm_measures_and_reports_it(tmp_path, capsys):
     assert {"tiny-sft-n1-memory-s0", "tiny-eval-sft-n1-memory-s0", "tiny-wm-sft-n1-memory-s0", "tiny-memory-s0",
             "tiny-eval-memory-s0", "tiny-screen-memory-s0", "tiny-private-memory-s0"} <= stages
     sft = json.loads((root / "tiny-sft-n1-memory-s0" / "run.json").read_text())["config"]
-    assert sft["sft_memory"] == "rehearsed" and sft["sft_tasks"] == 1
+    assert sft["sft"]["memory"] == "rehearsed" and sft["sft"]["tasks"] == 1
     grpo = json.loads((root / "tiny-memory-s0" / "run.json").read_text())["config"]
     assert grpo["model"].endswith("tiny-sft-n1-memory-s0/checkpoint")  # GRPO from the memory-aware SFT
-    assert grpo["sft_tasks"] == 0 and grpo["variant"] == "envace"
+    assert grpo["sft"]["tasks"] == 0 and grpo["grpo"]["variant"] == "envace"
     swept = connect(root).execute("SELECT DISTINCT label FROM sweep WHERE run_id = 'tiny-private-memory-s0' "
                                   "ORDER BY label").fetchall()
     assert swept == [("memory",), ("sft_memory",)]

@@ -40,8 +40,8 @@ def test_a_killed_warm_up_goes_on_from_its_last_saved_step(tmp_path):
     from envace.store import Run
     from envace.training.loop import train
 
-    cfg = TrainConfig(model="tiny", sft_tasks=2, sft_epochs=2, sft_lr=3e-3, rows_per_step=6, grpo_steps=0,
-                      sft_save_every=2)
+    cfg = TrainConfig(model="tiny", sft={"tasks": 2, "epochs": 2, "lr": 3e-3, "rows_per_step": 6, "save_every": 2},
+                      grpo={"steps": 0})
     whole, _ = train_job(cfg, tmp_path, "whole")
 
     def killed_after_step_3(line: str) -> None:
@@ -91,7 +91,7 @@ def test_train_smoke_config_end_to_end(store, tmp_path, capsys):
 
 def _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsys):
     """The smoke run's GRPO played no scenario its SFT saw; its checkpoint records them, so a run from it with no
-    SFT of its own still leaves them out, and naming one in grpo_units is one error line (exit 2) unless the
+    SFT of its own still leaves them out, and naming one in grpo.units is one error line (exit 2) unless the
     overlap is asked for."""
     from envace.envs import registry
     from envace.training.pool import SEEN_FILE
@@ -99,19 +99,19 @@ def _grpo_pool_is_disjoint_from_what_sft_taught(tmp_path, con, checkpoint, capsy
     from envace.units import whole_uid
 
     train = registry.get("bfcl").load_tasks("multi_turn_base", "train")
-    sft = train[:2]  # smoke.toml: sft_tasks = 2
+    sft = train[:2]  # smoke.toml: [train.sft] tasks = 2
     seen = json.loads((checkpoint / SEEN_FILE).read_text())["groups"]
     assert seen == sorted({task_group(t) for t in sft}) and len(seen) == 2
     played = {whole_uid(u) for (u,) in con.execute("SELECT DISTINCT task_uid FROM episodes WHERE run_id = 'trained' "
                                                    "AND phase = 'grpo'").fetchall()}
     assert played and not {task_group(t) for t in train if t.uid in played} & set(seen)
-    taught = ["--set", f'model="{checkpoint}"', "--set", "sft_tasks=0", "--set", f'grpo_units=["{sft[0].uid}"]',
-              "--set", "grpo_steps=0"]
+    taught = ["--set", f'model="{checkpoint}"', "--set", "sft.tasks=0", "--set", f'grpo.units=["{sft[0].uid}"]',
+              "--set", "grpo.steps=0"]
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "o", *taught]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"grpo_units: {sft[0].uid} is in a scenario SFT trained on" in err[0]
+    assert len(err) == 1 and f"grpo.units: {sft[0].uid} is in a scenario SFT trained on" in err[0]
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "o2", *taught,
-                 "--set", "grpo_pool_overlap=true"]) == 0
+                 "--set", "grpo.pool_overlap=true"]) == 0
 
 
 def test_bad_train_configs(tmp_path):
@@ -135,8 +135,9 @@ def test_lora_training_trains_adapters_and_saves_merged_weights(tmp_path):
     from envace.store import Run
     from envace.training.loop import train
 
-    cfg = TrainConfig(model="tiny", lora=True, lora_rank=4, sft_tasks=1, sft_epochs=1, sft_lr=1e-2,
-                      rows_per_step=8, grpo_steps=1, tasks_per_step=1,
+    cfg = TrainConfig(model="tiny", policy={"lora": True, "lora_rank": 4},
+                      sft={"tasks": 1, "epochs": 1, "lr": 1e-2, "rows_per_step": 8},
+                      grpo={"steps": 1, "tasks_per_step": 1},
                       rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
     run = Run.create(tmp_path, "train", {}, "tiny", name="lora")
     summary = train(cfg, run, say=lambda _: None)
@@ -151,8 +152,10 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
 
     smoke = open("experiments/smoke.toml").read()
     full, short = tmp_path / "full.toml", tmp_path / "short.toml"
-    full.write_text(re.sub(r"grpo_steps = \d+", "grpo_steps = 3", smoke))
-    short.write_text(re.sub(r"grpo_steps = \d+", "grpo_steps = 2", smoke))
+    steps = re.compile(r"^steps = \d+", re.M)  # [train.grpo] steps, the file's only key named so
+    assert len(steps.findall(smoke)) == 1
+    full.write_text(steps.sub("steps = 3", smoke))
+    short.write_text(steps.sub("steps = 2", smoke))
     root = str(tmp_path / "runs")
     assert main(["train", str(full), "--root", root, "--run-name", "whole"]) == 0
     assert main(["train", str(short), "--root", root, "--run-name", "cut"]) == 0  # stops after step 2
@@ -182,13 +185,14 @@ def test_resume_reproduces_the_uninterrupted_next_step(tmp_path):
 
 
 def _variant(tmp_path, name, **overrides):
-    from envace.config import TrainConfig
+    from envace.config import TrainConfig, overlay
     from envace.store import Run
     from envace.training.loop import train
 
-    base = dict(model="tiny", sft_tasks=1, sft_epochs=1, sft_lr=1e-2, rows_per_step=8, grpo_steps=1,
-                tasks_per_step=1, rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
-    cfg = TrainConfig.from_dict({**base, **overrides})
+    base = dict(model="tiny", sft={"tasks": 1, "epochs": 1, "lr": 1e-2, "rows_per_step": 8},
+                grpo={"steps": 1, "tasks_per_step": 1},
+                rollout={"group_size": 2, "max_new_tokens": 8, "max_steps_per_turn": 1})
+    cfg = TrainConfig.from_dict(overlay(base, overrides))
     run = Run.create(tmp_path, "train", {}, "tiny", name=name)
     return cfg, train(cfg, run, say=lambda _: None)
 
@@ -203,7 +207,7 @@ def test_a_frozen_role_generates_with_the_base_weights_while_the_caller_learns()
     from envace.policy.tiny import build_tiny
     from envace.training.grpo import Row, backward
 
-    cfg = TrainConfig(model="tiny", variant="caller_only", lora=True)
+    cfg = TrainConfig(model="tiny", grpo={"variant": "caller_only"}, policy={"lora": True})
     assert cfg.rollout_at(0).frozen_rehearser and cfg.trained_roles == ("caller",)
     model, tok = build_tiny(seed=5)
     peft = add_lora(model, 4)
@@ -227,7 +231,7 @@ def test_a_frozen_role_generates_with_the_base_weights_while_the_caller_learns()
 def test_real_env_variant_touches_the_environment_and_trains_only_the_caller(tmp_path):
     from envace.store import connect
 
-    _variant(tmp_path, "real", variant="real_env")
+    _variant(tmp_path, "real", grpo={"variant": "real_env"})
     con = connect(tmp_path)
     assert con.execute("SELECT DISTINCT mode FROM episodes").fetchall() == [("real",)]
     roles = {r for (r,) in con.execute("SELECT DISTINCT role FROM metrics WHERE phase = 'grpo'").fetchall()}
@@ -238,8 +242,8 @@ def test_caller_only_needs_lora():
     from envace.config import TrainConfig
     from envace.errors import UsageError
 
-    with pytest.raises(UsageError, match="needs lora"):
-        TrainConfig(model="tiny", variant="caller_only")
+    with pytest.raises(UsageError, match="needs policy.lora"):
+        TrainConfig(model="tiny", grpo={"variant": "caller_only"})
 
 
 @pytest.mark.heavy
@@ -247,8 +251,8 @@ def test_eval_every_k_steps_and_an_annealed_dyna_mix(tmp_path):
     from envace.store import connect
 
     root = str(tmp_path)
-    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "dyna", "--set", "eval_every=1",
-                 "--set", "eval_limit=1", "--set", "rollout.real_fraction=0.0", "--set", "real_fraction_end=1.0",
+    assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "dyna", "--set", "eval.every=1",
+                 "--set", "eval.limit=1", "--set", "rollout.real_fraction=0.0", "--set", "grpo.real_fraction_end=1.0",
                  "--set", "rollout.rehearser.max_new_tokens=8"]) == 0
     con = connect(root)
     evals = con.execute("SELECT step, name, value FROM metrics WHERE phase = 'eval' ORDER BY step").fetchall()
@@ -266,13 +270,13 @@ def test_grpo_units_fix_the_pool_and_an_unknown_uid_is_one_error_line(tmp_path, 
     from envace.store import connect
 
     root = str(tmp_path)
-    fixed = ["--set", "sft_tasks=0", "--set", "grpo_steps=2"]
+    fixed = ["--set", "sft.tasks=0", "--set", "grpo.steps=2"]
     assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "bad", *fixed,
-                 "--set", 'grpo_units=["bfcl/multi_turn_base_3"]']) == 2  # a test task: not in the pool
+                 "--set", 'grpo.units=["bfcl/multi_turn_base_3"]']) == 2  # a test task: not in the pool
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "grpo_units: bfcl/multi_turn_base_3 is not one of the" in err[0]
+    assert len(err) == 1 and "grpo.units: bfcl/multi_turn_base_3 is not one of the" in err[0]
     assert main(["train", "experiments/smoke.toml", "--root", root, "--run-name", "fixed", *fixed,
-                 "--set", 'grpo_units=["bfcl/multi_turn_base_5"]']) == 0
+                 "--set", 'grpo.units=["bfcl/multi_turn_base_5"]']) == 0
     played = connect(root).execute("SELECT DISTINCT step, task_uid FROM episodes WHERE run_id = 'fixed' "
                                    "AND phase = 'grpo' ORDER BY step").fetchall()
     assert played == [(0, "bfcl/multi_turn_base_5"), (1, "bfcl/multi_turn_base_5")]
@@ -280,13 +284,13 @@ def test_grpo_units_fix_the_pool_and_an_unknown_uid_is_one_error_line(tmp_path, 
 
 def test_set_overrides_are_validated_like_the_file(tmp_path):
     for bad in (["--set", "bogus=1"], ["--set", "lr"], ["--set", "rollout.group_size=0"],
-                ["--set", "rollout.rehearser.x=1"], ["--set", "lr=abc"], ["--set", "lr=nan"]):
+                ["--set", "rollout.rehearser.x=1"], ["--set", "grpo.lr=abc"], ["--set", "grpo.lr=nan"]):
         assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), *bad]) == 2
     assert not list(tmp_path.iterdir())
 
 
 # Two processes, the same tasks as the sharded runs below: unsharded data parallelism on full weights.
-DATA_PARALLEL = ["--set", "tasks_per_step=2", "--set", "sft_tasks=2", "--set", "lora=false"]
+DATA_PARALLEL = ["--set", "grpo.tasks_per_step=2", "--set", "sft.tasks=2", "--set", "policy.lora=false"]
 
 
 @pytest.fixture(scope="module")
@@ -317,14 +321,18 @@ def test_every_experiment_config_validates(path):
     from envace.errors import UsageError
 
     raw = load_toml(path)
+    def checked(cls, data, where=""):  # a train config reads its model's files when it is resolved
+        cfg = cls.from_dict(data, where=where)
+        return cfg.resolve() if cls is TrainConfig else cfg
+
     for table, cls in (("rollout", RolloutConfig), ("train", TrainConfig)):
         if table in raw:
             data = dict(raw[table])
             if data.get("model", "default") not in ("default", "tiny"):  # a GPU model absent from this machine
                 with pytest.raises(UsageError, match="no network here"):
-                    cls.from_dict(data)
+                    checked(cls, data)
                 data["model"] = "tiny"
-            cls.from_dict(data, where=f"{path} [{table}]")
+            checked(cls, data, where=f"{path} [{table}]")
     if "study" in raw:  # a study file: its design, and each arm's recipe, checked as `envace study` checks them
         from envace.study.config import Study, StudyConfig
 
@@ -351,7 +359,7 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel
                               text=True, timeout=600)
 
     for launcher, name, shard in ((torchrun, "zero", "true"), (fsdp, "fsdp", "false")):
-        done = train(launcher, "--run-name", name, "--set", f"shard_optimizer={shard}")
+        done = train(launcher, "--run-name", name, "--set", f"distributed.shard_optimizer={shard}")
         assert done.returncode == 0, done.stderr[-2000:]
     plain, zero, sharded = (load_file(root / n / "checkpoint" / "model.safetensors")
                             for root, n in ((data_parallel[0], "dp"), (tmp_path, "zero"), (tmp_path, "fsdp")))
@@ -368,13 +376,13 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel
         # dict initialises them all (at zero, with the learning rate set to 0)
         whole = updated[0][0] or name == "fsdp"
         assert len(state["optimizer"]["state"]) == (len(state["model"]) if whole else 0)
-    done = train(torchrun, "--resume", "zero", "--set", "shard_optimizer=true", "--set", "grpo_steps=3")
+    done = train(torchrun, "--resume", "zero", "--set", "distributed.shard_optimizer=true", "--set", "grpo.steps=3")
     assert done.returncode == 0, done.stderr[-2000:]
-    done = train(fsdp, "--resume", "fsdp", "--set", "grpo_steps=3")
+    done = train(fsdp, "--resume", "fsdp", "--set", "grpo.steps=3")
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("zero", "fsdp"):
         assert torch.load(tmp_path / name / "state.pt", weights_only=True)["next_step"] == 3
-    done = train(torchrun, "--resume", "fsdp", "--set", "grpo_steps=4")  # FSDP's state needs FSDP to resume
+    done = train(torchrun, "--resume", "fsdp", "--set", "grpo.steps=4")  # FSDP's state needs FSDP to resume
     assert done.returncode != 0 and "saved with FSDP" in done.stdout + done.stderr
 
 
@@ -386,13 +394,13 @@ def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_p
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
     assert launcher_fsdp() == {"reshard_after_forward": False, "activation_checkpointing": False}
     assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "zero",
-                 "--set", "shard_optimizer=true"]) == 2  # FSDP already shards the optimizer state
+                 "--set", "distributed.shard_optimizer=true"]) == 2  # FSDP already shards the optimizer state
     for key, value in (("FSDP_VERSION", "1"), ("FSDP_OFFLOAD_PARAMS", "true")):
         with monkeypatch.context() as m:
             m.setenv(key, value)
             assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", key]) == 2
-    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "fsdp=true",
-                 "--set", "shard_optimizer=true"]) == 2
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "distributed.fsdp=true",
+                 "--set", "distributed.shard_optimizer=true"]) == 2
     assert not list(tmp_path.iterdir())  # refused before any run was created
 
 
@@ -403,7 +411,7 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
     save and load between them, the steps one process takes with the whole batch; so does ZeRO stage 1
     (`zero`: whole weights on each process, AdamW's moments sharded and gathered whole into the state).
     FSDP2 holds whole, unsharded gradients between the passes of a step unless they are reduce-scattered
-    after every pass (`fsdp_reduce_every_pass`)."""
+    after every pass (`distributed.reduce_every_pass`)."""
     import json
 
     out = tmp_path / "result.json"
@@ -466,7 +474,7 @@ def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_pat
     monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
     monkeypatch.setattr(learner, "grpo_step", recording_step)
     root = tmp_path / "runs"
-    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft_tasks=0",
+    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft.tasks=0",
                  "--set", "rollout.shadow_fraction=1.0", "--set", "rollout.max_steps_per_turn=3",
                  "--set", "rollout.group_size=4"]) == 0
     con = connect(root)

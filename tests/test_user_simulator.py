@@ -121,7 +121,7 @@ def test_training_runs_on_solo_telecom_and_refuses_reference_rows_without_a_scri
 
     args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "rollout.env=tau2",
             "--set", 'rollout.tool_docs="compact"',  # τ²'s schemas in full are most of this test's time
-            "--set", "sft_epochs=1", "--set", "grpo_steps=1"]  # SFT's reference rows and a GRPO step: what is asked
+            "--set", "sft.epochs=1", "--set", "grpo.steps=1"]  # SFT's reference rows and a GRPO step: what is asked
     assert main([*args, "--set", "rollout.category=telecom_solo", "--run-name", "solo"]) == 0
     con = connect(tmp_path)
     assert con.execute("SELECT DISTINCT category FROM episodes").fetchall() == [("telecom_solo",)]

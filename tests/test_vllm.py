@@ -98,9 +98,9 @@ def test_lora_training_syncs_the_adapter_to_both_servers_after_every_update(serv
     from envace.policy.models import load_policy
 
     root = tmp_path / "runs"
-    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "v", "--set", "lora=true",
-                 "--set", "lora_rank=8", "--set", f'servers="{_spec(*servers)}"', "--set", "sft_tasks=1",
-                 "--set", "lr=5e-2", "--set", "flat_row_metrics=true"]) == 0  # the gap of rows with advantage 0 too
+    assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "v", "--set", "policy.lora=true",
+                 "--set", "policy.lora_rank=8", "--set", f'serving.servers="{_spec(*servers)}"', "--set", "sft.tasks=1",
+                 "--set", "grpo.lr=5e-2", "--set", "packing.flat_row_metrics=true"]) == 0  # the gap of flat rows too
     con = connect(root)
     sync = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'sync_s' ORDER BY step").fetchall()]
     gap = [v for (v,) in con.execute("SELECT value FROM metrics WHERE name = 'logprob_gap'").fetchall()]

@@ -205,7 +205,7 @@ def test_the_launch_form_of_every_shipped_config_resolves_unchanged(kind, tmp_pa
 
 @pytest.mark.heavy
 def test_a_screen_names_the_units_whose_rewards_differ(tmp_path):
-    """`unit_rewards` per unit, and `experiments/screen_units.py` printing the units with spread as `grpo_units`."""
+    """`unit_rewards` per unit, and `experiments/screen_units.py` printing the units with spread as `grpo.units`."""
     import subprocess
     import sys
 

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from envace import ledger, world_model
+from envace.config import nest
 from envace.errors import UsageError
 from envace.store import StoreIndex, check_run_id, connect, episode_counts, flat_config, get_run, refresh
 from workbench.diff import diff_rows
@@ -106,8 +107,8 @@ class Workbench:
     def config_diff(self, run_ids: list[str]) -> pd.DataFrame:
         """The config fields (nested tables flattened to dotted keys) on which the runs differ: one row per field,
         one column per run ("" where a run has no such field)."""
-        configs = {r: {k: json.dumps(v) for k, v in flat_config(get_run(self.root, check_run_id(r)).get("config")
-                                                                 or {}).items()} for r in run_ids}
+        configs = {r: {k: json.dumps(v) for k, v in flat_config(_stored_config(get_run(self.root, check_run_id(r))))
+                       .items()} for r in run_ids}
         fields = sorted({k for c in configs.values() for k in c})
         rows = [{"field": f, **{r: c.get(f, "") for r, c in configs.items()}} for f in fields
                 if len({c.get(f, "") for c in configs.values()}) > 1]
@@ -201,7 +202,7 @@ class Workbench:
         """Per unit (`task_uid`: a task, or a task at a turn): its episodes, how many scored above 0, the mean,
         min and max checklist, and `spread` (not all equal): a GRPO group on that unit gets a signal only when
         its rewards differ, so a sampled rollout of the pool (a pass-rate screen) names the units worth
-        training on (`TrainConfig.grpo_units`). `phase` keeps one phase of a training run."""
+        training on (`[train.grpo] units`). `phase` keeps one phase of a training run."""
         where, params = _filters(("run_id = ?", check_run_id(run_id)), ("phase = ?", phase))
         return self._df(
             "SELECT task_uid, count(*) AS episodes, count(*) FILTER (checklist > 0) AS hits, "
@@ -434,3 +435,10 @@ class Workbench:
             raise UsageError(f"export to .parquet, .csv or .jsonl, not '{path.suffix}'")
         writers[path.suffix]()
         return path
+
+
+def _stored_config(meta: dict) -> dict:
+    """A run's stored config; a train run's with the flat keys of an earlier release nested, as a new run keeps
+    them, so that runs of both compare setting by setting."""
+    config = meta.get("config") or {}
+    return nest(config) if meta.get("kind") == "train" else config

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, choices, load_toml
+from envace.config import TRAINER_OWNED, RolloutConfig, TrainConfig, choices, load_toml, nest
 from envace.errors import UsageError
 from envace.store import check_run_id
 
@@ -95,6 +95,8 @@ def config_fields(config: str | Path | None, kind: str) -> list[dict[str, Any]]:
     the TOML table it lives in (`table_of`): a form to edit before launching."""
     cls, table = _job_config(kind)
     data = load_toml(config).get(table, {}) if config else {}
+    if kind == "train":  # a file written before the tables nested shows its values in their new places
+        data = nest(data, f"{config} [train]")
     # the trainer sets these rollout fields itself and refuses them from a file: the form leaves them out
     owned = tuple(f"rollout.{name}" for name in TRAINER_OWNED) if kind == "train" else ()
     rows = [row for row in _fields(cls, data, cls(), "")

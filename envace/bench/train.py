@@ -236,13 +236,14 @@ def bench_train(model: str = "default", limit: int = 3, group_size: int = 8, uni
     `row`, `chain` and `tree` on them side by side (and TRL's per-row update with `trl`); then one SFT epoch of
     `sft_tasks` train tasks' reference rows under `chain` and `tree`. `train` is a config's `[train]` table
     (the recipe's settings); the bench sets the model, the pool size, G, the unit and HF rollouts."""
-    from envace.config import TrainConfig
+    from envace.config import TrainConfig, nest, overlay, warn_old
 
     say = console.print if console else print
-    train = dict(train or {})
-    cfg = TrainConfig.from_dict({**train, "model": model, "sft_tasks": 0, "grpo_steps": steps, "tasks_per_step": limit,
-                                 "eval_every": 0, "lora": True, "rollout": {**train.get("rollout", {}),
-                                 "group_size": group_size, "unit": unit, "backend": "hf"}}, where="bench train")
+    cfg = TrainConfig.from_dict(overlay(nest(dict(train or {}), "bench train"), {
+        "model": model, "sft": {"tasks": 0}, "grpo": {"steps": steps, "tasks_per_step": limit}, "eval": {"every": 0},
+        "policy": {"lora": True}, "rollout": {"group_size": group_size, "unit": unit, "backend": "hf"}}),
+        where="bench train")
+    warn_old(dict(train or {}), "bench train")
     base, tok = load_policy(model)
     result: dict[str, Any] = {"grpo": {}, "sft": {}}
     if steps:
@@ -261,7 +262,7 @@ def _grpo_arms(base, tok, cfg, steps: int, from_run: str | None, root: str, trl:
         batches = stored_step_rows(root, from_run, steps)
         say(f"{len(batches)} stored GRPO step(s) of {from_run}")
     else:
-        say(f"playing {steps} GRPO step(s): {cfg.tasks_per_step} {cfg.rollout.unit}(s) × G = "
+        say(f"playing {steps} GRPO step(s): {cfg.grpo.tasks_per_step} {cfg.rollout.unit}(s) × G = "
             f"{cfg.rollout.group_size}, temperature {cfg.rollout.temperature}, {cfg.model} …")
         run, batches = played_step_rows(cfg, steps, root, say)
         say(f"  stored as run {run}: `envace bench train --from-run {run}` times the same rows again")
@@ -277,7 +278,7 @@ def _grpo_arms(base, tok, cfg, steps: int, from_run: str | None, root: str, trl:
         say(f"step {k}: {len(rows)} rows ({advantages.count(0.0)} with advantage 0), "
             f"{sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)} row tokens, "
             f"{tree_tokens(rows)} distinct prefix tokens")
-        _time_step(base, tok, rows, advantages, cfg.lr, max_pack_tokens, arms, totals, say)
+        _time_step(base, tok, rows, advantages, cfg.grpo.lr, max_pack_tokens, arms, totals, say)
     del totals["tree, A = 0 skipped"]["grad_gap"]
     if trl:
         totals["trl"] = _trl_totals(base, tok, batches)
@@ -412,7 +413,8 @@ def _sft_steps(model, optimizer, rows: list[Row], chunks, tok, packing: str) -> 
 
 
 def _sft_epoch(base, tok, cfg, tasks: int, say) -> dict[str, dict[str, float]]:
-    """One SFT epoch of `tasks` train tasks' reference rows, the same steps (`rows_per_step`) under chain and tree."""
+    """One SFT epoch of `tasks` train tasks' reference rows, the same steps (`sft.rows_per_step`) under chain and
+    tree."""
     from envace.training.packing.chain import chains
     from envace.training.sft import sft_chunks
 
@@ -420,14 +422,15 @@ def _sft_epoch(base, tok, cfg, tasks: int, say) -> dict[str, dict[str, float]]:
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     rows = reference_rows(train_tasks[:tasks], benchmark, tok, cfg.rollout.rehearser, cfg.rollout.caller_demo,
                           ExampleBank(train_tasks), cfg.rollout.tool_docs)
-    chunks = sft_chunks(chains(rows), cfg.rows_per_step)
-    say(f"SFT: {len(rows)} reference rows of {tasks} train task(s), {len(chunks)} steps of ≥ {cfg.rows_per_step} rows")
+    chunks = sft_chunks(chains(rows), cfg.sft.rows_per_step)
+    say(f"SFT: {len(rows)} reference rows of {tasks} train task(s), {len(chunks)} steps of ≥ "
+        f"{cfg.sft.rows_per_step} rows")
     out = {}
     for packing in ("tree", "chain"):
         torch.manual_seed(0)
         model = add_lora(copy.deepcopy(base), 16)
         model.train()
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft.lr)
         _free()
         seconds, mem, forwarded = _timed(lambda m=model, o=optimizer, p=packing: _sft_steps(m, o, rows, chunks, tok, p))
         out[packing] = {"rows": len(rows), "forward_tokens": forwarded, "wall_s": seconds, "peak_mib": mem.mib,
@@ -449,12 +452,12 @@ def bench_train_vllm(model: str = "default", tasks: int = 2, console=None) -> di
 
     say = console.print if console else print
     quiet = type("Quiet", (Reporter,), {"say": lambda self, text: None})()
-    base = {"model": model, "sft_tasks": 0, "grpo_steps": 1, "tasks_per_step": tasks, "lr": 2e-4,
+    base = {"model": model, "sft": {"tasks": 0}, "grpo": {"steps": 1, "tasks_per_step": tasks, "lr": 2e-4},
             "rollout": {"group_size": 4, "temperature": 0.7, "max_new_tokens": 48, "max_steps_per_turn": 2,
                         "tool_docs": "compact", "caller_demo": True,
                         "rehearser": {"max_new_tokens": 48, "max_examples": 4}}}
-    arms = {"hf_lora": ({"lora": True}, "hf"), "vllm_lora": ({"lora": True}, "vllm"),
-            "vllm_full": ({"lora": False}, "vllm")}
+    arms = {"hf_lora": ({"policy": {"lora": True}}, "hf"), "vllm_lora": ({"policy": {"lora": True}}, "vllm"),
+            "vllm_full": ({"policy": {"lora": False}}, "vllm")}
     result: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as root:
         for name, (extra, backend) in arms.items():

@@ -10,14 +10,15 @@ from typing import Any
 from envace.cli.console import LiveReporter, new_console
 from envace.cli.flags import root_hint, with_root
 from envace.cli.tables import print_train_summary
-from envace.config import TrainConfig, load_toml, toml_literal
+from envace.config import TrainConfig, load_toml, moved_key, nest, toml_literal, warn_moved, warn_old
 from envace.errors import UsageError
 from envace.jobs import train_job
 from envace.paths import runs_root
 
 
 def _overridden(table: dict[str, Any], assignments: list[str]) -> dict[str, Any]:
-    """Apply `--set key=value` (dotted keys reach nested tables; values read as TOML, else as strings)."""
+    """Apply `--set key=value` (dotted keys reach nested tables; values read as TOML, else as strings; an old flat
+    key, e.g. `lr`, sets its new one, `grpo.lr`, with a warning)."""
     def copy(value: Any) -> Any:
         return {k: copy(v) for k, v in value.items()} if isinstance(value, dict) else value
 
@@ -27,12 +28,16 @@ def _overridden(table: dict[str, Any], assignments: list[str]) -> dict[str, Any]
         if not sep or not key.strip():
             raise UsageError(f"--set expects key=value, got '{item}'")
         *parents, leaf = key.strip().split(".")
+        value = toml_literal(text)
+        moved = moved_key(leaf, value) if not parents else None
+        if moved is not None:
+            *parents, leaf = moved.split(".")
         target = table
         for name in parents:
             target = target.setdefault(name, {})
             if not isinstance(target, dict):
                 raise UsageError(f"--set {key}: '{name}' is not a table")
-        target[leaf] = toml_literal(text)
+        target[leaf] = value
     return table
 
 
@@ -40,10 +45,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     raw = load_toml(args.config)
     if not isinstance(raw.get("train"), dict):
         raise UsageError(f"{args.config} has no [train] table")
-    table = _overridden(raw["train"], args.set)
+    where = f"{args.config} [train]"
+    table = _overridden(nest(raw["train"], where), args.set)  # old keys, in the file or in --set, read as new ones
     if args.ray is not None:
         table["ray"] = {**(table["ray"] if isinstance(table.get("ray"), dict) else {}), "address": args.ray}
-    cfg = TrainConfig.from_dict(table, where=f"{args.config} [train]")
+    cfg = TrainConfig.from_dict(table, where=where)
+    warn_old(raw["train"], where)  # once the config is built: a refused one is its one error line
+    for key, _, text in (item.partition("=") for item in args.set):
+        if (new := moved_key(key.strip(), toml_literal(text))) is not None:
+            warn_moved(key.strip(), f"--set {key.strip()} is now --set {new}")
     console = new_console()
     run, summary = train_job(cfg, runs_root(args.root), args.run_name, args.resume, LiveReporter(console))
     if int(os.environ.get("RANK", "0")) == 0:  # one summary from a multi-process launch, not one per rank
@@ -79,7 +89,7 @@ def register(sub) -> None:
     p.add_argument("--run-name", default=None, help="name of the run folder (default: generated)")
     p.add_argument("--resume", default=None, metavar="RUN", help="continue a killed or finished train run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a [train] field, e.g. --set variant=caller_only "
+                   help="override a [train] field, e.g. --set grpo.variant=caller_only "
                         "--set rollout.rehearser.max_new_tokens=64")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="place rollout actors and learner ranks with Ray (`[train.ray]` sizes them): alone, on a Ray "

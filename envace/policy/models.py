@@ -51,7 +51,7 @@ def has_dropout(model) -> bool:
     """Whether a training forward of `model` draws random numbers (dropout anywhere, attention's included).
 
     Only then must a checkpointed recompute replay the global RNG state. Replaying it otherwise would rewind
-    the RNG under anything drawing from it meanwhile: an actor sampling on another thread (`max_staleness`)
+    the RNG under anything drawing from it meanwhile: an actor sampling on another thread (`grpo.max_staleness`)
     would draw other tokens depending on how the two interleave."""
     import torch
 

@@ -281,7 +281,7 @@ def check_memory_share(share: float, devices: list[int], mem_get_info=None) -> N
         if free < share * total:
             raise UsageError(f"vLLM asked for {share:.2f} of GPU {device}'s {total / 2**30:.1f} GiB "
                              f"({share * total / 2**30:.1f} GiB) but {free / 2**30:.1f} GiB is free: lower "
-                             "vllm_gpu_memory (or give the server a GPU of its own: vllm_devices)")
+                             "serving.gpu_memory (or give the server a GPU of its own: serving.devices)")
 
 
 def visible_devices(devices: list[int]) -> str:

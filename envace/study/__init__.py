@@ -1,7 +1,7 @@
 """The controlled study: does role-wise GRPO teach the policy, beyond what SFT showed it and beyond noise?
 
     for each seed s (its own SFT: what a seed changes includes the SFT):
-        sft          SFT on the recipe's sft_tasks train tasks; the checkpoint records their scenarios
+        sft          SFT on the recipe's sft.tasks train tasks; the checkpoint records their scenarios
         eval-sft     every test turn of [rollout], greedy, the real environment answering
         wm-sft       the world-model benchmark on the test gold calls
         screen-sft   GRPO's pool (the turns of pool_tasks train tasks SFT never saw) × G, sampled as GRPO samples
@@ -11,7 +11,7 @@
                        `random_update.py`)
             eval-a, wm-a, screen-a   as for sft; the screen with the same seed, so its episodes pair with sft's
         memory (an arm with an SFT of its own, `config.SFT_ARMS`; not a default arm):
-            sft-nN-memory   the seed's SFT again, the same N tasks, with memory-aware rows ([train] sft_memory
+            sft-nN-memory   the seed's SFT again, the same N tasks, with memory-aware rows ([train.sft] memory
                             = [study] memory_sft: caller turns whose prompt carries a rehearsal memory)
             eval-, wm-sft-nN-memory   as for sft; then memory (GRPO from it as envace, on the seed's pool), and
                             its eval, wm and screen as for any arm

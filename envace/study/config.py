@@ -15,18 +15,18 @@ ArmName = Literal["envace", "caller_only", "real_env", "fidelity", "control", "r
 # What each arm changes in the recipe's [train] table (`random` is not trained: `random_update.py`).
 ARMS: dict[str, dict] = {
     "envace": {},
-    "caller_only": {"variant": "caller_only"},
-    "real_env": {"variant": "real_env"},
-    "fidelity": {"rehearser_reward": "task+fidelity", "rollout": {"shadow_fraction": 1.0}},
+    "caller_only": {"grpo": {"variant": "caller_only"}},
+    "real_env": {"grpo": {"variant": "real_env"}},
+    "fidelity": {"grpo": {"rehearser_reward": "task+fidelity"}, "rollout": {"shadow_fraction": 1.0}},
     # the same steps and random draws with a learning rate too small to move a weight: what the draws alone
     # give (caller-only: cheaper, and the same samples)
-    "control": {"variant": "caller_only", "lr": 1e-12},
+    "control": {"grpo": {"variant": "caller_only", "lr": 1e-12}},
     # GRPO as envace, from an SFT of its own: the seed's SFT with memory-aware rows (`Study.sft`, SFT_ARMS)
     "memory": {},
 }
 # Arms that start from an SFT of their own instead of the seed's: the same recipe, seed and tasks, with the [train]
 # fields these give for the study's design.
-SFT_ARMS: dict[str, Callable[[StudyConfig], dict]] = {"memory": lambda design: {"sft_memory": design.memory_sft}}
+SFT_ARMS: dict[str, Callable[[StudyConfig], dict]] = {"memory": lambda design: {"sft": {"memory": design.memory_sft}}}
 
 
 @dataclass
@@ -37,15 +37,15 @@ class StudyConfig(Config):
     arms: list[ArmName] = doc(
         "envace | caller_only | real_env | fidelity (task+fidelity reward, every episode shadowed) | control "
         "(lr = 1e-12: sampling noise alone) | random (the SFT weights plus a random update with envace's norm, "
-        "tensor by tensor: weight drift alone; needs envace) | memory (memory-aware SFT, [train] sft_memory = "
+        "tensor by tensor: weight drift alone; needs envace) | memory (memory-aware SFT, [train.sft] memory = "
         "memory_sft, on the seed's SFT tasks, measured as its own stage, then GRPO as envace on the seed's pool; "
         "with private_seeds its SFT and GRPO checkpoints get their own private-rehearsal sweep, stage "
         "private-memory). Not in the default list",
         factory=lambda: ["envace", "caller_only", "real_env", "fidelity", "control", "random"])
     floor_sizes: list[int] = doc("SFT sizes (train tasks) tried first, with the first seed, each evaluated on every "
                                  "test turn: the seeds' SFT takes the smallest whose success reaches floor_target "
-                                 "(none does: the largest, and the report shows the curve); empty = [train] "
-                                 "sft_tasks", factory=list)
+                                 "(none does: the largest, and the report shows the curve); empty = [train.sft] "
+                                 "tasks", factory=list)
     floor_target: float = doc("the share of test turns the SFT checkpoint must succeed on, so that a gain or a "
                               "loss can show", 0.15)
     pool_tasks: int = doc("train tasks SFT never saw whose turns form GRPO's pool, screened before training", 8)
@@ -62,7 +62,7 @@ class StudyConfig(Config):
     private_seeds: list[int] | None = doc("the seeds whose SFT and envace checkpoints are swept for private "
                                           "rehearsal (unset = every seed; [] = none)", None)
     memory_sft: Literal["rehearsed", "reference"] = doc(
-        "arm memory: the memories its SFT's memory-aware rows carry ([train] sft_memory): rehearsed (of one attempt "
+        "arm memory: the memories its SFT's memory-aware rows carry ([train.sft] memory): rehearsed (of one attempt "
         "the model imagines before SFT) | reference (of the turn's gold continuation)", "rehearsed")
 
     def validate(self) -> None:
@@ -111,13 +111,13 @@ class Study:
                              "[train])")
         design = StudyConfig.from_dict(raw["study"], where=f"{path} [study]")
         evaluation = RolloutConfig.from_dict(raw["rollout"], where=f"{path} [rollout]")
-        recipe = TrainConfig.from_dict(raw["train"], where=f"{path} [train]")
-        if not recipe.sft_tasks or not recipe.sft_epochs:
-            raise UsageError(f"{path} [train]: a study starts every seed with its own SFT; set sft_tasks and "
-                             "sft_epochs")
-        if recipe.grpo_pool_overlap or recipe.grpo_units is not None:
+        recipe = TrainConfig.from_dict(raw["train"], where=f"{path} [train]").resolve()
+        if not recipe.sft.tasks or not recipe.sft.epochs:
+            raise UsageError(f"{path} [train]: a study starts every seed with its own SFT; set sft.tasks and "
+                             "sft.epochs")
+        if recipe.grpo.pool_overlap or recipe.grpo.units is not None:
             raise UsageError(f"{path} [train]: the study draws GRPO's pool itself, from tasks SFT never saw; drop "
-                             "grpo_pool_overlap and grpo_units")
+                             "grpo.pool_overlap and grpo.units")
         study = cls(design, replace(evaluation, split="test"), recipe)
         for arm in design.arms:  # each arm's own checks (caller_only needs lora, …) before anything runs
             study.arm(arm, seed=design.seeds[0])
@@ -127,14 +127,19 @@ class Study:
     def arm(self, arm: str, seed: int, model: str | None = None, units: list[str] | None = None) -> TrainConfig:
         """The recipe as `arm` trains it from `model` (an SFT checkpoint) on the screened `units`, no SFT of its
         own; `random`, which is not trained, is checked as envace."""
-        table = {**ARMS.get(arm, {}), "sft_tasks": 0, "seed": seed, "grpo_units": units,
-                 "tasks_per_step": len(units) if units else self.recipe.tasks_per_step}
-        return TrainConfig.from_dict({k: v for k, v in table.items() if v is not None} | (
-            {"model": model} if model else {}), where=f"arm {arm}", base=self.recipe)
+        changes = ARMS.get(arm, {})
+        grpo = {**changes.get("grpo", {}), "tasks_per_step": len(units) if units else self.recipe.grpo.tasks_per_step}
+        if units is not None:
+            grpo["units"] = units
+        table = {**changes, "sft": {"tasks": 0}, "seed": seed, "grpo": grpo}
+        return TrainConfig.from_dict(table | ({"model": model} if model else {}), where=f"arm {arm}",
+                                     base=self.recipe)
 
     def sft(self, seed: int, tasks: int | None = None, arm: str | None = None) -> TrainConfig:
-        """The recipe's SFT alone, with `seed`, on `tasks` train tasks (unset: the recipe's sft_tasks); with an arm
+        """The recipe's SFT alone, with `seed`, on `tasks` train tasks (unset: the recipe's sft.tasks); with an arm
         of SFT_ARMS, that arm's own SFT."""
-        sft = replace(self.recipe, seed=seed, grpo_steps=0, eval_every=0, sft_tasks=tasks or self.recipe.sft_tasks)
+        recipe = self.recipe
+        sft = replace(recipe, seed=seed, grpo=replace(recipe.grpo, steps=0), eval=replace(recipe.eval, every=0),
+                      sft=replace(recipe.sft, tasks=tasks or recipe.sft.tasks))
         own = SFT_ARMS.get(arm)
         return TrainConfig.from_dict(own(self.design), where=f"arm {arm}", base=sft) if own else sft

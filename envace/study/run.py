@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import compare
-from envace.config import PrivateOptions, RolloutConfig, extends
+from envace.config import PrivateOptions, RolloutConfig, extends, nest
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
@@ -162,7 +162,10 @@ def _config(study: Study) -> dict[str, Any]:
 def _same_study(root: Path, name: str, config: dict[str, Any]) -> bool:
     """Whether the run `name` is a study of this design (save for fields added since it was stored)."""
     stored = get_run(root, name)
-    return stored.get("kind") == "study" and extends(stored.get("config"), json.loads(json.dumps(config)))
+    design = stored.get("config")
+    if isinstance(design, dict) and isinstance(design.get("train"), dict):  # an earlier release's flat keys nested
+        design = {**design, "train": nest(design["train"])}
+    return stored.get("kind") == "study" and extends(design, json.loads(json.dumps(config)))
 
 
 def _study_run(root: Path, name: str, config: dict[str, Any]) -> Run:
@@ -181,7 +184,7 @@ def _floor(study: Study, stages: Stages) -> dict[str, Any]:
     """The base off the floor: each of `floor_sizes` SFT'd with the first seed and evaluated on every test turn
     (stages `sft-nN`, `eval-sft-nN`: the first seed's own SFT, of the size chosen, is one of them). `chosen` is
     the size the seeds' SFT takes (the smallest whose success reaches floor_target, else the largest; the
-    recipe's sft_tasks without floor_sizes), `success` each size's share of test turns succeeded."""
+    recipe's sft.tasks without floor_sizes), `success` each size's share of test turns succeeded."""
     design, root = study.design, stages.root
     if not design.floor_sizes:
         return _floor_so_far(study, stages)
@@ -206,7 +209,7 @@ def _floor_so_far(study: Study, stages: Stages) -> dict[str, Any]:
     `chosen` is None while none has completed."""
     design = study.design
     if not design.floor_sizes:
-        return {"chosen": study.recipe.sft_tasks, "success": {}}
+        return {"chosen": study.recipe.sft.tasks, "success": {}}
     runs = {n: stages.run(f"eval-sft-n{n}", design.seeds[0]) for n in sorted(design.floor_sizes)}
     success = {n: float(get_run(stages.root, run)["summary"]["success_rate"]) for n, run in runs.items()
                if stages.completed(run)}
@@ -281,7 +284,7 @@ def _random(study: Study, stages: Stages, name: str, seed: int, sft_tasks: int) 
     sft, trained = stages.checkpoint(sft_stage(sft_tasks), seed), stages.checkpoint("envace", seed)
     run = Run.create(stages.root, "random-update", {"start": sft, "trained": trained, "seed": seed}, sft, name)
     with run.running():
-        summary = random_update(sft, trained, run.path / "checkpoint", seed, study.recipe.dtype)
+        summary = random_update(sft, trained, run.path / "checkpoint", seed, study.recipe.policy.dtype)
     run.update(status="completed", summary=summary)
 
 

@@ -8,7 +8,7 @@
 The actor owns its generation weights (`generator`: the trained module itself when the learner waits for it,
 a copy when they overlap), its backend (in-process HF generation, or the vLLM servers its weights are pushed
 to) and the engine it builds each step. The learner (`learner.py`) turns what it plays into an update; with
-`max_staleness = k ≥ 1` the actor plays step b with version max(0, b − k) while the learner updates
+`grpo.max_staleness = k ≥ 1` the actor plays step b with version max(0, b − k) while the learner updates
 (`staleness.py`).
 """
 
@@ -85,7 +85,7 @@ class RolloutActor:
 
     def detached(self) -> RolloutActor:
         """An actor on its own copy of the generation weights (the servers stay shared), holding no version yet:
-        it plays while the learner updates the original (`max_staleness`)."""
+        it plays while the learner updates the original (`grpo.max_staleness`)."""
         generator = copy.deepcopy(self.generator).eval()
         backend = self.served.backend if self.served else \
             HFBackend(generator, self.backend.tokenizer, self.cfg.rollout.max_batch_tokens)
@@ -119,8 +119,8 @@ class RolloutActor:
         scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]
         for ep, row in zip(episodes, scored, strict=True):
             rewards.share(ep.generations, row["checklist"])
-            if cfg.rehearser_reward == "task+fidelity":
-                rewards.add_fidelity(ep.generations, ep.pairs, cfg.fidelity_weight)
+            if cfg.grpo.rehearser_reward == "task+fidelity":
+                rewards.add_fidelity(ep.generations, ep.pairs, cfg.grpo.fidelity_weight)
             for g in ep.generations:
                 g.policy_version = self.version
         return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started,

@@ -44,4 +44,4 @@ SFT = SupervisedNLL()
 
 def of(cfg: TrainConfig) -> RoleWiseGRPO:
     """The config's GRPO algorithm."""
-    return ALGORITHMS[cfg.algorithm](scale_by_std=cfg.scale_by_std)
+    return ALGORITHMS[cfg.grpo.algorithm](scale_by_std=cfg.grpo.scale_by_std)

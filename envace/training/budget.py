@@ -1,6 +1,6 @@
 """Every training row fits the packing budget, so a long run never meets a row it cannot pack.
 
-A tree pack holds at most `max_pack_tokens` tokens alive at once (`packing.tree`), and a row longer than
+A tree pack holds at most `packing.max_tokens` tokens alive at once (`packing.tree`), and a row longer than
 that fits no pack. Rollouts would otherwise stop only at the model's context (32,768 tokens for Qwen3),
 far past a 16,384-token budget, and a `--resume` would replay the same seeds into the same failure. So:
 
@@ -24,7 +24,7 @@ from envace.errors import UsageError
 
 def row_budget(cfg: TrainConfig) -> int | None:
     """The most tokens one training row may hold: tree packing's budget, when one is set."""
-    return cfg.max_pack_tokens if cfg.packing == "tree" else None
+    return cfg.packing.max_tokens if cfg.packing.strategy == "tree" else None
 
 
 def engine_context(model_context: int | None, budget: int | None) -> int | None:
@@ -54,10 +54,11 @@ def fitting_pool(engine, pool: list, budget: int, say) -> list:
     tokens = [first_row_tokens(engine, t) for t in pool]
     kept = [t for t, n in zip(pool, tokens, strict=True) if n <= budget]
     if not kept:
-        raise UsageError(f"max_pack_tokens: the shortest first caller row of the {len(pool)} GRPO unit(s) is "
+        raise UsageError(f"packing.max_tokens: the shortest first caller row of the {len(pool)} GRPO unit(s) is "
                          f"{min(tokens)} tokens (opening prompt + max_new_tokens = {engine.config.max_new_tokens}), "
-                         f"over the budget of {budget} tokens: raise max_pack_tokens or lower max_new_tokens")
+                         f"over the budget of {budget} tokens: raise packing.max_tokens or lower "
+                         "rollout.max_new_tokens")
     if len(kept) < len(pool):
         say(f"warning: {len(pool) - len(kept)} of {len(pool)} GRPO unit(s) open on a first caller row of more than "
-            f"max_pack_tokens = {budget} tokens (longest {max(tokens)}) and are left out of the pool")
+            f"packing.max_tokens = {budget} tokens (longest {max(tokens)}) and are left out of the pool")
     return kept

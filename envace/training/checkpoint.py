@@ -1,8 +1,8 @@
 """What a training run saves: `state.pt` to resume from, and the final weights in `<run>/checkpoint`.
 
     state.pt     the trainable weights, the optimiser, the next GRPO step and the kept policy versions
-                 (`max_staleness`); after SFT and every `save_every` steps; all a killed run needs, since step k's
-                 tasks and seeds derive from (seed, k) alone
+                 (`grpo.max_staleness`); after SFT and every `grpo.save_every` steps; all a killed run needs,
+                 since step k's tasks and seeds derive from (seed, k) alone
     checkpoint/  the final weights (LoRA merged), the tokenizer and the task groups SFT saw (`pool.SEEN_FILE`),
                  loadable by `--model`
 
@@ -30,7 +30,7 @@ from envace.training.sft import sft_place
 def save_state(learner, procs: Processes, run: Run, next_step: int,
                versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
     """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`, with the
-    earlier policy versions the next steps are sampled with (`max_staleness`)."""
+    earlier policy versions the next steps are sampled with (`grpo.max_staleness`)."""
     state = learner.state()
     if not procs.main:
         return
@@ -61,7 +61,7 @@ def start_or_resume(cfg: TrainConfig, run: Run, procs: Processes, learner, say: 
     start, versions = loaded or (0, {})
     if loaded:
         say(f"resuming at GRPO step {start + 1} (SFT already done)")
-    elif cfg.sft_tasks and cfg.sft_epochs:
+    elif cfg.sft.tasks and cfg.sft.epochs:
         summary.update(warm())
         if procs.main:
             run.update(summary=summary)

@@ -7,7 +7,7 @@ takes exactly the update one process with the whole batch would take. Gradients 
 rather than through DDP's hooks because processes run different numbers of packed forward passes.
 Process 0 alone writes metrics, evaluations, `state.pt` and the checkpoint.
 
-With `shard_optimizer`, AdamW's moments are partitioned across processes (ZeRO stage 1, torch's
+With `distributed.shard_optimizer`, AdamW's moments are partitioned across processes (ZeRO stage 1, torch's
 `ZeroRedundancyOptimizer`): each process updates its slice of the weights and broadcasts it. That
 is the memory a full fine-tune runs out of first (two fp32 moments and, for bf16 weights, an fp32 master
 per weight: `precision.py`), and it keeps whole

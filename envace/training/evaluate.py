@@ -1,6 +1,6 @@
 """Evaluation during training: greedy episodes on test tasks in the real environment, the rehearser as a shadow.
 
-    episodes = the first `eval_limit` test tasks, greedy, leakage-free grounding   # `TrainConfig.evaluation`
+    episodes = the first `eval.limit` test tasks, greedy, leakage-free grounding   # `TrainConfig.evaluation`
     scores = official success, checklist, well-formed calls                         # summed over processes
            + the rehearser's fidelity against the real environment                  # the ledger over stored pairs
 

@@ -16,7 +16,7 @@ indices). A tile with no visible pair is never computed, a fully visible one ski
 mask is built once per pack block and read by every layer (`forward.TreeState.masks`), as the dense
 additive mask is; heads are not materialised (`enable_gqa`: K/V keep their own head count).
 
-Which kernel runs (`tree_attention = "dense" | "flex" | "auto"`, `choose`):
+Which kernel runs (`packing.attention = "dense" | "flex" | "auto"`, `choose`):
 
 * `dense`: SDPA with the additive `[tokens × keys]` mask (`forward.pack_mask`), every masked-out pair computed;
 * `flex`: this module; FlexAttention has no backward pass on a CPU, so `flex` with gradients there is a
@@ -116,11 +116,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_ma
 def check(kind: str, device: torch.device | str, grad: bool) -> None:
     """`kind` is one of KINDS, and `flex` has a backward pass where gradients are needed: one line otherwise."""
     if kind not in KINDS:
-        raise UsageError(f"tree_attention: '{kind}' is not one of {', '.join(KINDS)}")
+        raise UsageError(f"packing.attention: '{kind}' is not one of {', '.join(KINDS)}")
     device_type = torch.device(device).type
     if kind == "flex" and grad and device_type != "cuda":
-        raise UsageError(f"tree_attention = flex: FlexAttention has no backward pass on {device_type} (CUDA only); "
-                         f"use tree_attention = dense or auto")
+        raise UsageError(f"packing.attention = flex: FlexAttention has no backward pass on {device_type} (CUDA only); "
+                         f"use packing.attention = dense or auto")
 
 
 def choose(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dense: Callable,
@@ -129,7 +129,8 @@ def choose(kind: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     the module docstring); `dense()` and `flex()` build that block's mask and return its kernel, (q, k, v) -> out."""
     check(kind, query.device, torch.is_grad_enabled() and query.requires_grad)
     if kind == "flex" and dropout:
-        raise UsageError("tree_attention = flex: FlexAttention has no attention dropout; use tree_attention = dense")
+        raise UsageError("packing.attention = flex: FlexAttention has no attention dropout; use packing.attention = "
+                         "dense")
     if kind != "auto":
         return kind
     if query.device.type != "cuda" or dropout:

@@ -15,7 +15,7 @@ the deferred segment's own backward pass with it (gradient restoration: exact), 
 activations: a deferred pack keeps only its inputs (activation checkpointing), so the path above a pack
 costs its keys and values alone.
 
-A masked call runs one of two kernels (`tree_attention = "dense" | "flex" | "auto"`, chosen once per pack
+A masked call runs one of two kernels (`packing.attention = "dense" | "flex" | "auto"`, chosen once per pack
 by `flex_tree.choose`): `dense`, SDPA with an additive `[tokens × keys]` mask, every masked-out pair
 computed; or `flex`, FlexAttention with a block mask of the same tree (`kv ≤ q < end(kv)` in preorder,
 `flex_tree`), which skips fully masked-out tiles (CUDA for training: it has no backward pass on a CPU).

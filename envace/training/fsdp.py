@@ -13,7 +13,7 @@ gathered only while it runs. Two things make this trainer different from a plain
   zero gradient (`envace.training.grpo.backward`), and only the last pass synchronises.
 
 `accelerate launch --config_file experiments/accelerate_fsdp.yaml` turns this on through the
-environment it sets (`launcher_fsdp`); `fsdp = true` in a train config does the same under torchrun.
+environment it sets (`launcher_fsdp`); `[train.distributed] fsdp = true` does the same under torchrun.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def launcher_fsdp(shard_optimizer: bool = False) -> dict[str, bool] | None:
         return None
     if shard_optimizer:
         raise UsageError("the accelerate config asks for FSDP, which already shards the optimizer state: "
-                         "drop shard_optimizer")
+                         "drop distributed.shard_optimizer")
     if os.environ.get("FSDP_VERSION", "2") != "2":
         raise UsageError("the accelerate config asks for FSDP version 1: set fsdp_version: 2 (torch's fully_shard)")
     if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":

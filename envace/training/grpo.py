@@ -71,7 +71,7 @@ def aligned(rows: list[Row], importance_cap: float | None = None) -> list[Row]:
                              "missing)")
         if importance_cap is not None and (row.temperature not in (None, 1.0) or row.top_p not in (None, 1.0)):
             raise UsageError(f"row {i} (task {row.task_uid}, {row.role}) was sampled at temperature "
-                             f"{row.temperature} and top_p {row.top_p}: importance sampling (vllm_importance_cap) "
+                             f"{row.temperature} and top_p {row.top_p}: importance sampling (grpo.importance_cap) "
                              "weighs tokens against the model's raw distribution, so they must be sampled at "
                              "temperature 1 and top_p 1")
         out.append(row if len(b) == n else replace(row, behaviour=[*b, float("nan")]))

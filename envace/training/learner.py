@@ -75,12 +75,12 @@ class BaseLearner:
 
 class Learner(BaseLearner):
     """`model` on `procs` (module docstring; built after `procs.prepare(model)`, which FSDP shards in place) with
-    its GRPO AdamW at `lr`; `pad_id` pads packed rows. SFT takes an AdamW of its own at `sft_lr`, made at its
+    its GRPO AdamW at `grpo.lr`; `pad_id` pads packed rows. SFT takes an AdamW of its own at `sft.lr`, made at its
     first step."""
 
     def __init__(self, cfg: TrainConfig, model: torch.nn.Module, procs: Processes, pad_id: int) -> None:
         self.cfg, self.model, self.procs, self.pad_id = cfg, model, procs, pad_id
-        self.optimizer = procs.optimizer(self._trainable(), cfg.lr, cfg.shard_optimizer)
+        self.optimizer = procs.optimizer(self._trainable(), cfg.grpo.lr, cfg.distributed.shard_optimizer)
         self._sft_optimizer: torch.optim.Optimizer | None = None
 
     def _trainable(self) -> list[torch.nn.Parameter]:
@@ -90,14 +90,15 @@ class Learner(BaseLearner):
         cfg = self.cfg
         self.model.train()
         return grpo_step(self.model, self.optimizer, rows, advantages, self.pad_id, processes=self.procs,
-                         importance_cap=cfg.vllm_importance_cap, packing=cfg.packing,
-                         max_pack_tokens=cfg.max_pack_tokens, flat_row_metrics=cfg.flat_row_metrics,
-                         tree_attention=cfg.tree_attention, algorithm=algorithms.of(cfg))
+                         importance_cap=cfg.grpo.importance_cap, packing=cfg.packing.strategy,
+                         max_pack_tokens=cfg.packing.max_tokens, flat_row_metrics=cfg.packing.flat_row_metrics,
+                         tree_attention=cfg.packing.attention, algorithm=algorithms.of(cfg))
 
     @property
     def sft_optimizer(self) -> torch.optim.Optimizer:
         if self._sft_optimizer is None:
-            self._sft_optimizer = self.procs.optimizer(self._trainable(), self.cfg.sft_lr, self.cfg.shard_optimizer)
+            self._sft_optimizer = self.procs.optimizer(self._trainable(), self.cfg.sft.lr,
+                                                       self.cfg.distributed.shard_optimizer)
         return self._sft_optimizer
 
     def sft_step(self, rows: list[Row], normaliser: int) -> dict[str, Any]:
@@ -107,8 +108,8 @@ class Learner(BaseLearner):
         self.model.train()
         optimizer.zero_grad(set_to_none=True)
         stats = backward(self.model, rows, algorithms.SFT.advantages(rows), self.pad_id, normaliser=normaliser,
-                         processes=self.procs, packing=cfg.packing, max_pack_tokens=cfg.max_pack_tokens,
-                         tree_attention=cfg.tree_attention, algorithm=algorithms.SFT)
+                         processes=self.procs, packing=cfg.packing.strategy, max_pack_tokens=cfg.packing.max_tokens,
+                         tree_attention=cfg.packing.attention, algorithm=algorithms.SFT)
         params = self._trainable()
         if self.procs.sum_gradients(params, stats["finite"]):
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -7,10 +7,10 @@
         result = learner.step(played)                        # A = reward − mean per (task, role); one update
         push the new weights to the generator and its vLLM servers
         recorder.record(result)                              # the advantages on the very generations, every table
-        evaluate every `eval_every` updates, save `state.pt` every `save_every`
+        evaluate every `eval.every` updates, save `state.pt` every `grpo.save_every`
     save the final weights (LoRA merged) to <run>/checkpoint
 
-With `max_staleness = s ≥ 1` (`overlapped`) the actor plays on a thread with its own copy of the weights, step k
+With `grpo.max_staleness = s ≥ 1` (`overlapped`) the actor plays on a thread with its own copy of the weights, step k
 with version max(0, k − s), while the learner updates (`staleness.py`); `[train.ray]` runs the same `overlapped`
 with Ray's actors and learner ranks (`cluster/driver.py`). Resume is exact: nothing random carries over steps.
 """
@@ -53,7 +53,7 @@ class Trainer:
 
 def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume: bool = False) -> dict[str, Any]:
     """SFT then GRPO into `run` in this process (and its `accelerate launch` peers): the module docstring."""
-    launcher = launcher_fsdp(cfg.shard_optimizer)
+    cfg, launcher = cfg.resolve(), launcher_fsdp(cfg.distributed.shard_optimizer)  # resolved: as run.json keeps it
     procs = processes(cfg, launcher, say)
     if not procs.main:
         say = lambda _: None  # noqa: E731  (process 0 speaks for all)
@@ -66,16 +66,16 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
     start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: generator.device,
                                                lambda: warm_up(cfg, policy, learner, t.recorder.sft, say,
                                                                sft_place(cfg, run.path, procs)))
-    served = start_servers(cfg, procs, run, tok, say) if cfg.grpo_steps > start or cfg.eval_every else None
+    served = start_servers(cfg, procs, run, tok, say) if cfg.grpo.steps > start or cfg.eval.every else None
     push = publisher(cfg, procs, model, generator, served)
     synced = push()
     if served is not None:
         say(f"vLLM: weights synced in {synced:.2f} s")
     actor = RolloutActor.local(cfg, policy.benchmark, policy.bank, generator, tok, served, say, procs)
     try:
-        if cfg.eval_every and start == 0:
+        if cfg.eval.every and start == 0:
             evaluate(actor, t.recorder, 0)
-        if cfg.max_staleness:
+        if cfg.grpo.max_staleness:
             overlapped(t, actor.detached(), start, versions)
         else:
             synchronous(t, actor, start, push)
@@ -84,21 +84,21 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
             served.close()
         t.recorder.close()
     summary["checkpoint"] = str(final_checkpoint(run, procs, generator, tok, seen_groups(cfg, policy.train_tasks),
-                                                 cfg.lora))
+                                                 cfg.policy.lora))
     say(f"saved {summary['checkpoint']}")
     return summary
 
 
 def synchronous(t: Trainer, actor: RolloutActor, start: int, push: Callable[[], float | None]) -> None:
-    """`max_staleness = 0`: play step k with the weights after k updates, update, push, then play step k + 1."""
+    """`grpo.max_staleness = 0`: play step k with the weights after k updates, update, push, then play step k + 1."""
     started = time.perf_counter()
-    for step in range(start, t.cfg.grpo_steps):
+    for step in range(start, t.cfg.grpo.steps):
         actor.version = step  # the generation weights are the trained ones
         learn(t, actor.play(step, t.tasks_of(step)), push=push)
-        t.recorder.say(f"  {eta(started, step + 1 - start, t.cfg.grpo_steps - start)}")
-        if due(t.cfg, step + 1, t.cfg.eval_every):
+        t.recorder.say(f"  {eta(started, step + 1 - start, t.cfg.grpo.steps - start)}")
+        if due(t.cfg, step + 1, t.cfg.eval.every):
             evaluate(actor, t.recorder, step + 1)
-        if due(t.cfg, step + 1, t.cfg.save_every):
+        if due(t.cfg, step + 1, t.cfg.grpo.save_every):
             save_state(t.learner, t.procs, t.run, step + 1)
 
 
@@ -106,20 +106,20 @@ def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
     """The learner's loop while `actor` (a detached `RolloutActor` on a thread, or Ray's actors) plays ahead: take
     each step in order, update, publish the new version, evaluate (on the actor's thread) and save when due."""
     cfg = t.cfg
-    pipe = AheadPipeline(actor, cfg.max_staleness, start, cfg.grpo_steps, {**versions, start: t.learner.weights()},
+    pipe = AheadPipeline(actor, cfg.grpo.max_staleness, start, cfg.grpo.steps, {**versions, start: t.learner.weights()},
                          t.tasks_of)
     evaluations, started = [], time.perf_counter()
     try:
-        for step in range(start, cfg.grpo_steps):
+        for step in range(start, cfg.grpo.steps):
             pipe.fill(step)  # the learner holds version `step`
             played, wait_s, load_s = pipe.take(step)
             learn(t, played, push=lambda v=step + 1: pipe.advance(v, t.learner.weights()),
                   timings={"wait_s": wait_s, "load_s": load_s}, since=started)
             started, weights = time.perf_counter(), pipe.versions[step + 1]
             t.recorder.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
-            if due(cfg, step + 1, cfg.eval_every):
+            if due(cfg, step + 1, cfg.eval.every):
                 evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate(actor, t.recorder, v, w)))
-            if due(cfg, step + 1, cfg.save_every):
+            if due(cfg, step + 1, cfg.grpo.save_every):
                 save_state(t.learner, t.procs, t.run, step + 1, pipe.kept(step + 1))
         for done in evaluations:
             done.result()
@@ -130,9 +130,9 @@ def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
 def learn(t: Trainer, played: Played, push: Callable[[], float | None] | None = None,
           timings: dict[str, float] | None = None, since: float | None = None) -> None:
     """One update on `played` and its record, with the step's spans for the app's timeline. A step sampled more
-    than `max_staleness` versions ago is dropped and counted, never trained on. `push` hands the new weights on
+    than `grpo.max_staleness` versions ago is dropped and counted, never trained on. `push` hands the new weights on
     before the step's rows are written (the next steps wait on them); `since`: the step's wall time runs from."""
-    if played.step - played.version > t.cfg.max_staleness:
+    if played.step - played.version > t.cfg.grpo.max_staleness:
         t.recorder.dropped(played.step, played.version)
         return None if push is None else push()  # the version number moves on all the same
     started, clock = time.perf_counter(), time.time()
@@ -147,4 +147,4 @@ def learn(t: Trainer, played: Played, push: Callable[[], float | None] | None = 
 
 
 def due(cfg: TrainConfig, updates: int, every: int) -> bool:
-    return bool(every) and (updates % every == 0 or updates == cfg.grpo_steps)
+    return bool(every) and (updates % every == 0 or updates == cfg.grpo.steps)

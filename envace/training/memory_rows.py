@@ -1,4 +1,4 @@
-"""Memory-aware SFT rows (`[train] sft_memory`): caller turns whose prompt carries a rehearsal memory.
+"""Memory-aware SFT rows (`[train.sft] memory`): caller turns whose prompt carries a rehearsal memory.
 
 Private rehearsal appends a `<rehearsal_memory>` block to the user message of the turn it rehearsed; the SFT rows
 of `rows.reference_rows` never show one, so every committed turn with a memory is out of SFT's distribution. Here,
@@ -120,11 +120,11 @@ def _turns(task: Task) -> range:
 
 
 def sft_memory_rows(cfg: TrainConfig, policy) -> list[Row]:
-    """`cfg.sft_memory`'s rows for the first `sft_tasks` train tasks of `policy` (`setup.Policy`): reference
+    """`cfg.sft.memory`'s rows for the first `sft.tasks` train tasks of `policy` (`setup.Policy`): reference
     memories, or memories of attempts the policy's model imagines now, before SFT."""
-    tasks = policy.train_tasks[: cfg.sft_tasks]
+    tasks = policy.train_tasks[: cfg.sft.tasks]
     write: Writer = gold_memory
-    if cfg.sft_memory == "rehearsed":
+    if cfg.sft.memory == "rehearsed":
         from envace.policy.hf import HFBackend
         from envace.units import auto_max_new_tokens
 

@@ -72,7 +72,7 @@ class Recorder:
     def open(cls, cfg: TrainConfig, run: Run, procs: Processes, say: Callable[[str], None]) -> Recorder:
         """The recorder of a training run, with the experiment tracker `report_to` names on process 0."""
         tracker = open_tracker(cfg.report_to, run, asdict(cfg)) if procs.main else None
-        return cls(run, procs, say, tracker, cfg.grpo_steps, cfg.max_staleness)
+        return cls(run, procs, say, tracker, cfg.grpo.steps, cfg.grpo.max_staleness)
 
     def metrics(self, step: int, phase: str, values: dict[str, dict[str, float]], shard: str) -> None:
         """One step's metrics (per role) into the store, and the same numbers to the experiment tracker."""
@@ -86,7 +86,7 @@ class Recorder:
         self.metrics(step, "sft", {"all": values}, f"sft-{step:05d}")
 
     def dropped(self, step: int, version: int) -> None:
-        """A step sampled more than `max_staleness` versions ago: counted, never trained on."""
+        """A step sampled more than `grpo.max_staleness` versions ago: counted, never trained on."""
         self.say(f"GRPO step {step + 1}: sampled by policy version {version}, {step - version} behind: dropped")
         if self.procs.main:
             self.metrics(step, "grpo", {"all": {"dropped_stale_steps": 1.0}}, f"step-{step:05d}")
@@ -95,8 +95,8 @@ class Recorder:
         """A GRPO step: per-role metrics (process 0), this process's episodes, and the step's line."""
         played, stats = result.played, result.stats
         if stats["rows_over_budget"]:
-            self.say(f"  warning: {stats['rows_over_budget']} row(s) over max_pack_tokens = {result.budget} left out "
-                     "of the update")
+            self.say(f"  warning: {stats['rows_over_budget']} row(s) over packing.max_tokens = {result.budget} left "
+                     "out of the update")
         per_role = step_metrics(result.rows, result.advantages, played.episodes, played.scored, stats,
                                 played.real_fraction)
         shard = f"step-{played.step:05d}" + (f"-p{self.procs.rank}" if self.procs.world > 1 else "")

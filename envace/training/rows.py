@@ -40,7 +40,7 @@ def reference_rows(tasks: list[Task], benchmark: Benchmark, tokenizer, rehearser
     if unscripted:
         raise UsageError(f"reference rows need the user's turns, and {unscripted[0]} is a conversation whose "
                          f"simulated user has no script (τ² telecom: the user acts on the phone between the agent's "
-                         f"calls): use telecom_solo, or set sft_tasks = 0")
+                         f"calls): use telecom_solo, or set sft.tasks = 0")
     policy = ReferencePolicy(tokenizer, tasks)  # finds each prompt's task by its uid, shared openings or not
     rows: list[Row] = []
     for task in tasks:

@@ -6,9 +6,9 @@ and loaded under a new name per version (`policy-v00003`, `adapter_name`), which
 with; the previous version is unloaded and the prefix cache reset (`_load_adapter` says why), while the
 frozen rehearser of `caller_only` keeps the base name. A full fine-tune is saved whole and reloaded
 (`reload_weights`, then the prefix cache reset). Servers are
-started here (one, on the model's folder) or attached to (`TrainConfig.servers`, several URLs: episodes
+started here (one, on the model's folder) or attached to (`serving.servers`, several URLs: episodes
 are spread across them and every one is synced). With several processes each starts a server of its own
-(on its own GPU by default, `vllm_devices` otherwise), or all attach to the same `servers`, which process 0
+(on its own GPU by default, `serving.devices` otherwise), or all attach to the same `serving.servers`, which process 0
 alone pushes to.
 """
 

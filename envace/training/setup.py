@@ -37,18 +37,18 @@ class Policy:
 
 
 def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float | None = None) -> Policy:
-    """The policy as every process of a run builds it: seeded, checkpointed when asked (`gradient_checkpointing`,
+    """The policy as every process of a run builds it: seeded, checkpointed when asked (`policy.gradient_checkpointing`,
     or `checkpointing` from the launcher), with LoRA adapters when `lora`. `threads`: torch's threads (a Ray
     worker's CPUs, not the whole node's)."""
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
     torch.manual_seed(cfg.seed)
     benchmark = registry.get(cfg.rollout.env)
-    model, tok = load_policy(cfg.model, cfg.dtype)
-    if cfg.gradient_checkpointing or checkpointing:
+    model, tok = load_policy(cfg.model, cfg.policy.dtype)
+    if cfg.policy.gradient_checkpointing or checkpointing:
         enable_checkpointing(model)
-    if cfg.lora:
-        model = add_lora(model, cfg.lora_rank)
+    if cfg.policy.lora:
+        model = add_lora(model, cfg.policy.lora_rank)
     train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
     return Policy(model, tok, benchmark, train_tasks, ExampleBank(train_tasks))
 
@@ -56,37 +56,38 @@ def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float |
 def processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:
     """The processes of this launch, sharded as the config or `accelerate launch`'s FSDP settings ask; refused
     in one line where the config cannot run on them."""
-    fsdp = cfg.fsdp or launcher is not None
+    fsdp = cfg.distributed.fsdp or launcher is not None
     procs = Processes(fsdp, reshard_after_forward=launcher["reshard_after_forward"] if launcher else True,
-                      timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
+                      timeout_s=cfg.distributed.timeout_s, reduce_every_pass=cfg.distributed.reduce_every_pass)
     if fsdp and procs.world == 1:
         say("fsdp: a single process has nothing to shard across; training unsharded")
-    if procs.world > 1 and cfg.max_staleness:
-        raise UsageError("max_staleness: rollouts ahead of the update run in one process for now; launch one "
-                         "process, or set max_staleness = 0")
-    if procs.world > cfg.tasks_per_step:
-        raise UsageError(f"{procs.world} processes need tasks_per_step >= {procs.world} (each plays whole tasks)")
+    if procs.world > 1 and cfg.grpo.max_staleness:
+        raise UsageError("grpo.max_staleness: rollouts ahead of the update run in one process for now; launch one "
+                         "process, or set grpo.max_staleness = 0")
+    if procs.world > cfg.grpo.tasks_per_step:
+        raise UsageError(f"{procs.world} processes need grpo.tasks_per_step >= {procs.world} (each plays whole tasks)")
     return procs
 
 
 def start_servers(cfg: TrainConfig, procs: Processes, run: Run, tok,
                   say: Callable[[str], None]) -> ServedPolicy | None:
-    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `servers`), None when neither is asked.
+    """vLLM servers for the rollouts (`rollout.backend = "vllm"` or `serving.servers`), None when neither is asked.
 
-    One process: a server on `vllm_devices` (default: the trainer's GPU, `vllm_gpu_memory` of it). Several: each
-    starts its own on its own GPU (or on `vllm_devices[rank]`), or all attach to `servers` and process 0 pushes."""
-    if cfg.rollout.backend != "vllm" and not cfg.servers:
+    One process: a server on `serving.devices` (default: the trainer's GPU, `serving.gpu_memory` of it). Several:
+    each starts its own on its own GPU (or on `serving.devices[rank]`), or all attach to `serving.servers` and
+    process 0 pushes."""
+    if cfg.rollout.backend != "vllm" and not cfg.serving.servers:
         return None
-    devices = cfg.vllm_devices
+    devices = cfg.serving.devices
     if procs.world > 1 and devices is not None:
         if len(devices) != procs.world:
-            raise UsageError(f"vllm_devices: {procs.world} processes start one server each: give one GPU per "
+            raise UsageError(f"serving.devices: {procs.world} processes start one server each: give one GPU per "
                              f"process ({procs.world} indices), got {devices}")
         devices = [devices[procs.rank]]
     folder = run.path / ("served" if procs.world == 1 else f"served-p{procs.rank}")
-    return ServedPolicy.start(cfg.model, cfg.servers, cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
-                              folder, say, gpu_memory=cfg.vllm_gpu_memory, devices=devices,
-                              pushes=procs.main or not cfg.servers)
+    return ServedPolicy.start(cfg.model, cfg.serving.servers, cfg.policy.lora_rank if cfg.policy.lora else None,
+                              cfg.policy.dtype, tok, folder, say, gpu_memory=cfg.serving.gpu_memory, devices=devices,
+                              pushes=procs.main or not cfg.serving.servers)
 
 
 def publisher(cfg: TrainConfig, procs: Processes, model, generator,
@@ -98,7 +99,7 @@ def publisher(cfg: TrainConfig, procs: Processes, model, generator,
         if served is None:
             return None
         seconds = served.sync(generator)
-        if cfg.servers:  # shared servers: process 0 pushes while the others wait
+        if cfg.serving.servers:  # shared servers: process 0 pushes while the others wait
             procs.wait()
         return seconds
     return push
@@ -106,7 +107,7 @@ def publisher(cfg: TrainConfig, procs: Processes, model, generator,
 
 def step_tasks(cfg: TrainConfig, pool: list, step: int) -> list:
     """GRPO step `step`'s units: drawn from (seed, step) alone, so a resumed run draws them again."""
-    return random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.tasks_per_step)
+    return random.Random(cfg.seed * 100_003 + step).sample(pool, cfg.grpo.tasks_per_step)
 
 
 def heartbeat(say: Callable[[str], None], what: str, every_s: float = 30.0) -> Callable[[int, int], None]:

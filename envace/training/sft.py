@@ -1,7 +1,7 @@
 """SFT, the warm-up before GRPO: the scripted reference policy's rows, NLL, whole packs per step.
 
-    rows = reference rows of the first `sft_tasks` train tasks, every role the trained weights play
-    for each epoch e: packs shuffled by (seed, e), cut into steps of ≥ `rows_per_step` rows   # `sft_chunks`
+    rows = reference rows of the first `sft.tasks` train tasks, every role the trained weights play
+    for each epoch e: packs shuffled by (seed, e), cut into steps of ≥ `sft.rows_per_step` rows   # `sft_chunks`
         for each step: `Learner.sft_step` (every advantage 1: the loss is the completion NLL)
     the summary: the mean NLL of each epoch
 
@@ -44,17 +44,17 @@ def eta(started: float, done: int, total: int) -> str:
 
 
 def sft_rows(cfg: TrainConfig, policy: Policy) -> list[Row]:
-    """The reference rows of the first `sft_tasks` train tasks, of every role the trained weights play; with
-    `sft_memory`, then a copy of each caller row with a rehearsal memory in its turn's user message
+    """The reference rows of the first `sft.tasks` train tasks, of every role the trained weights play; with
+    `sft.memory`, then a copy of each caller row with a rehearsal memory in its turn's user message
     (`memory_rows.py`)."""
-    rows = [r for r in reference_rows(policy.train_tasks[: cfg.sft_tasks], policy.benchmark, policy.tok,
+    rows = [r for r in reference_rows(policy.train_tasks[: cfg.sft.tasks], policy.benchmark, policy.tok,
                                       cfg.rollout.rehearser, cfg.rollout.caller_demo, policy.bank,
                                       cfg.rollout.tool_docs)
             if r.role in cfg.trained_roles or r.role == "summariser"]
-    if cfg.sft_memory != "none":
+    if cfg.sft.memory != "none":
         rows += sft_memory_rows(cfg, policy)
-    if cfg.packing == "tree" and cfg.max_pack_tokens is not None:
-        check_budget(rows, cfg.max_pack_tokens)  # before the first step, not in the middle of an epoch
+    if cfg.packing.strategy == "tree" and cfg.packing.max_tokens is not None:
+        check_budget(rows, cfg.packing.max_tokens)  # before the first step, not in the middle of an epoch
     return rows
 
 
@@ -65,11 +65,11 @@ def warm_up(cfg: TrainConfig, policy: Policy, learner: Learner, log: Callable[[i
     epoch."""
     procs = learner.procs
     rows = sft_rows(cfg, policy)
-    say(f"SFT: {len(rows)} reference rows from {cfg.sft_tasks} train tasks, {cfg.sft_epochs} epoch(s), "
-        f"{cfg.packing} packing" + (f", {procs.world} processes" if procs.world > 1 else ""))
+    say(f"SFT: {len(rows)} reference rows from {cfg.sft.tasks} train tasks, {cfg.sft.epochs} epoch(s), "
+        f"{cfg.packing.strategy} packing" + (f", {procs.world} processes" if procs.world > 1 else ""))
     packs = chains(rows)  # an episode's caller rows stay together
-    epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.rows_per_step)
-              for e in range(cfg.sft_epochs)]
+    epochs = [sft_chunks(random.Random(cfg.seed + e).sample(packs, len(packs)), cfg.sft.rows_per_step)
+              for e in range(cfg.sft.epochs)]
     total, step, started, nll = sum(len(chunks) for chunks in epochs), 0, time.perf_counter(), {}
     done, history = place.load(learner.model, learner.sft_optimizer) if place else (0, [])
     if done:
@@ -97,4 +97,4 @@ def warm_up(cfg: TrainConfig, policy: Policy, learner: Learner, log: Callable[[i
 
 def sft_place(cfg: TrainConfig, run_path, procs: Processes) -> SftState:
     """Where a killed warm-up's place is kept (`sft_state.py`): saved by a single process only."""
-    return SftState(run_path / "sft_state.pt", cfg.sft_save_every if procs.world == 1 else 0)
+    return SftState(run_path / "sft_state.pt", cfg.sft.save_every if procs.world == 1 else 0)

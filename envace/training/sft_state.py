@@ -1,4 +1,4 @@
-"""A warm-up that goes on after a kill: SFT's place in `sft_state.pt`, saved every `sft_save_every` SFT steps.
+"""A warm-up that goes on after a kill: SFT's place in `sft_state.pt`, saved every `sft.save_every` SFT steps.
 
 SFT's chunks are drawn from (seed, epoch) alone (`sft.warm_up`), so the trainable weights, AdamW's moments,
 torch's random state, the steps done and their losses are all a killed warm-up needs: resumed, it takes the same

@@ -1,6 +1,6 @@
 """Bounded staleness: the actor samples ahead of the learner, never more than `k` policy versions behind it.
 
-Version v is the trained weights after v updates. With `max_staleness = k`, step b is sampled by version
+Version v is the trained weights after v updates. With `grpo.max_staleness = k`, step b is sampled by version
 max(0, b − k), so while the learner computes update u (on step u's episodes) the actor already plays steps
 u + 1 … u + k with versions that exist:
 
@@ -10,7 +10,7 @@ u + 1 … u + k with versions that exist:
 A group is at most k versions old when it is trained on (`staleness = u − version ≤ k`; one older would be
 dropped and counted, which this schedule never produces), and the update corrects for the gap with truncated
 importance sampling against the stored behaviour log-probs: w = min(π_θ / π_behaviour, cap) per token
-(`vllm_importance_cap`). The schedule is fixed by (seed, step, k) alone, so a run is reproducible and
+(`grpo.importance_cap`). The schedule is fixed by (seed, step, k) alone, so a run is reproducible and
 `--resume` exact: `state.pt` keeps the versions the next steps are sampled with. `k = 0` is the synchronous
 loop of `loop.py` (`synchronous`: no thread, no copy), not this class.
 
@@ -53,8 +53,8 @@ class AheadPipeline:
         while self.next < self.end and self.sampling_version(self.next) <= learner_version:
             step, version = self.next, self.sampling_version(self.next)
             if version not in self.versions:
-                raise UsageError(f"max_staleness: step {step + 1} is sampled by policy version {version}, which "
-                                 f"this run did not keep (resume with the max_staleness it was saved with)")
+                raise UsageError(f"grpo.max_staleness: step {step + 1} is sampled by policy version {version}, which "
+                                 f"this run did not keep (resume with the grpo.max_staleness it was saved with)")
             self.pending[step] = self.executor.submit(self._play, step, version, self.versions[version])
             self.next += 1
 

@@ -1,9 +1,9 @@
 """`envace train` under `[train.ray]`: the driver's side of the actors and the learner ranks.
 
-The loop is `loop.overlapped`, the same one a single process runs with `max_staleness ≥ 1`; here its actor
+The loop is `loop.overlapped`, the same one a single process runs with `grpo.max_staleness ≥ 1`; here its actor
 is `RemoteActors` (every actor plays its share of a step's tasks) and its learner `RemoteLearner` (every
 rank updates on its share of the groups; the gradients are summed in their torch.distributed group). With
-`max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
+`grpo.max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
 synchronous algorithm, each step's tasks and seeds the same as in one process.
 
 An actor that dies is restarted by Ray (`max_restarts`), and one whose call raised (a serving error inside it:
@@ -221,7 +221,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
     checked before the run existed (`placement.reserved`); the summary, as `loop.train`."""
     import ray
 
-    ranks, actors = [], []
+    cfg, ranks, actors = cfg.resolve(), [], []  # the workers build from the config the run stores
     try:
         ranks = _ranks(cfg, placement)
         host, port = ray.get(ranks[0].endpoint.remote())
@@ -244,7 +244,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
 
         start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: "cpu", warm)
         remote = RemoteActors(actors, cfg.ray.max_restarts, say)
-        if cfg.eval_every and start == 0:
+        if cfg.eval.every and start == 0:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)
         files = ray.get([r.checkpoint.remote() for r in ranks])[0]

@@ -33,7 +33,7 @@ from envace.training.sft import warm_up
 def to_host(obj: Any) -> Any:
     """`obj` with every tensor in it (through dicts, lists and tuples) moved to the CPU: what a rank returns to the
     driver. The driver may run on a node without a GPU (it saves `state.pt`), and on one with a GPU it would
-    otherwise hold every kept policy version (`max_staleness` + 1 of them) in that GPU's memory."""
+    otherwise hold every kept policy version (`grpo.max_staleness` + 1 of them) in that GPU's memory."""
     if isinstance(obj, torch.Tensor):
         return obj.to("cpu")
     if isinstance(obj, dict):
@@ -62,8 +62,8 @@ class ActorWorker:
         served, self.folder = None, None
         if cfg.rollout.backend == "vllm":  # the server's log and pushed adapters: this actor's own folder
             self.folder = Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-"))
-            served = ServedPolicy.start(cfg.model, "", cfg.lora_rank if cfg.lora else None, cfg.dtype, tok,
-                                        self.folder, print, gpu_memory=cfg.vllm_gpu_memory)
+            served = ServedPolicy.start(cfg.model, "", cfg.policy.lora_rank if cfg.policy.lora else None,
+                                        cfg.policy.dtype, tok, self.folder, print, gpu_memory=cfg.serving.gpu_memory)
         backend = served.backend if served else HFBackend(model, tok, cfg.rollout.max_batch_tokens)
         self.cfg, self.index, self.benchmark, self.bank, self.backend = cfg, index, benchmark, bank, backend
         self.actor = RolloutActor(cfg, benchmark, bank, model.eval(), backend, served, self._progress, index)
@@ -126,7 +126,8 @@ class LearnerRank:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), MASTER_ADDR=host, MASTER_PORT=str(port),
                           LOCAL_RANK="0" if gpus else str(self.rank), LOCAL_WORLD_SIZE="1" if gpus else str(self.world))
         self.policy = policy = build_policy(cfg, threads=cfg.ray.learner_cpus)
-        self.procs = Processes(cfg.fsdp, timeout_s=cfg.dist_timeout_s, reduce_every_pass=cfg.fsdp_reduce_every_pass)
+        self.procs = Processes(cfg.distributed.fsdp, timeout_s=cfg.distributed.timeout_s,
+                               reduce_every_pass=cfg.distributed.reduce_every_pass)
         pool = grpo_pool(cfg, policy.benchmark, policy.train_tasks, policy.bank, policy.model, policy.tok,
                          self._say) if self.rank == 0 else None
         self.generator = self.procs.prepare(policy.model)
@@ -170,7 +171,7 @@ class LearnerRank:
             return None
         with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
             out = write_checkpoint(Path(folder) / "checkpoint", self.generator, self.policy.tok,
-                                   seen_groups(self.cfg, self.policy.train_tasks), self.cfg.lora)
+                                   seen_groups(self.cfg, self.policy.train_tasks), self.cfg.policy.lora)
             return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     def leave(self) -> None:

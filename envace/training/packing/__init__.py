@@ -34,7 +34,7 @@ def build(rows: Sequence, strategy: str, max_tokens: int | None = None, recomput
     """The forward passes of `rows` (objects with `prompt_ids` and `completion_ids`) under `strategy`, in order.
 
     Row and chain packs are one sequence each. Tree packs hold at most `max_tokens` tokens alive at once
-    (`[train] max_pack_tokens`), with deferred segments and their `tree.Restore` between them unless
+    (`[train.packing] max_tokens`), with deferred segments and their `tree.Restore` between them unless
     `recompute` (FSDP). A row with an empty prompt has no hidden state to predict its first token from.
     """
     for i, row in enumerate(rows):

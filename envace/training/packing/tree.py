@@ -180,7 +180,7 @@ class _Planner:
                 continue
             if used + self.segs.length(s) > self.budget:  # cannot happen with budget >= the longest row
                 raise BudgetError(f"a row of over {self.budget} tokens does not fit the token budget "
-                                  f"max_pack_tokens = {self.budget}")
+                                  f"packing.max_tokens = {self.budget}")
             if self.recompute:
                 self.unscored.add(s)
             else:
@@ -294,8 +294,9 @@ def check_budget(rows: Sequence, max_tokens: int) -> None:
     lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in rows]
     longest = max(range(len(rows)), key=lengths.__getitem__, default=None)
     if longest is not None and lengths[longest] > max_tokens:
-        raise BudgetError(f"max_pack_tokens: row {longest} is {lengths[longest]} tokens (prompt + completion), longer "
-                          f"than the budget of {max_tokens} tokens a tree pack may hold: raise max_pack_tokens")
+        raise BudgetError(f"packing.max_tokens: row {longest} is {lengths[longest]} tokens (prompt + completion), "
+                          f"longer than the budget of {max_tokens} tokens a tree pack may hold: raise "
+                          "packing.max_tokens")
 
 
 def tree_tokens(rows: Sequence) -> int:
