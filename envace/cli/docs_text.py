@@ -42,16 +42,17 @@ envace world-model reference --env tau2 --category telecom_solo --limit 2   # th
 ```
 envace train experiments/smoke.toml   # SFT warm-up then role-wise GRPO (tiny model: about 20 s)
 envace train experiments/smoke.toml --resume RUN   # continue a killed (or finished) run exactly, from its SFT too
-envace train experiments/bfcl_smollm_cpu.toml --set variant=caller_only   # any [train] field, validated
+envace train experiments/bfcl_smollm_cpu.toml --set grpo.variant=caller_only   # any [train] field, validated
 bash experiments/bfcl_smollm_cpu.sh   # base / SFT / SFT+EnvACE / SFT+caller-only / SFT+real-env (docs/log/results-earlier.md)
 bash experiments/bfcl_turns_cpu.sh   # SFT, a screen, then EnvACE / caller-only / real-env / Dyna / task+fidelity arms
 bash experiments/world_model_study.sh   # the arms on a wider pool, 10 steps, 3 seeds; world model before and after
 envace rollout --config experiments/bfcl_turns_screen.toml --model runs/RUN/checkpoint   # which train turns give signal
-python experiments/screen_units.py SCREEN_RUN   # the screened turns whose rewards differ, as a grpo_units list
-envace train experiments/bfcl_turns_cpu.toml --set tasks_per_step=1 \
-    --set 'grpo_units=["bfcl/multi_turn_base_4@t1"]'   # GRPO on a fixed pool of screened turns
+python experiments/screen_units.py SCREEN_RUN   # the screened turns whose rewards differ, as a grpo.units list
+envace train experiments/bfcl_turns_cpu.toml --set grpo.tasks_per_step=1 \
+    --set 'grpo.units=["bfcl/multi_turn_base_4@t1"]'   # GRPO on a fixed pool of screened turns
 python -m torch.distributed.run --nproc_per_node 2 -m envace.cli train CONFIG --run-name R   # data parallel
 envace train CONFIG --ray [HOST:PORT] --set ray.actors=2 --set ray.learners=2   # Ray actors + learner ranks (docs/multi-node.md)
+envace migrate OLD.toml   # a config of an earlier release: its flat [train] keys moved to [train.sft], [train.grpo], …
 ```
 
 ## The controlled study

@@ -9,6 +9,7 @@ from typing import Any
 from envace.cli.console import LiveReporter, new_console
 from envace.cli.flags import positive, with_root
 from envace.cli.tables import print_fidelity, print_judge, print_runs, print_summary, print_world_model
+from envace.errors import UsageError
 from envace.paths import runs_root
 
 
@@ -72,7 +73,8 @@ def _no_pairs_hint(meta: dict[str, Any]) -> str:
     config = meta.get("config") or {}
     mode = config.get("mode") if meta.get("kind") != "train" else None
     if meta.get("kind") == "train":
-        return "set [train.rollout] shadow_fraction (or eval_every) to pair rehearsals with the real environment"
+        return "set [train.rollout] shadow_fraction (or [train.eval] every) to pair rehearsals with the real " \
+               "environment"
     if mode in ("real+shadow", "rehearse+shadow"):
         return "it is a shadow run, but its caller issued no tool calls, so nothing was answered both ways"
     if meta.get("kind") == "sweep":
@@ -120,8 +122,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    """The run store's old layout, or with FILE a config file's old flat [train] keys (`envace/migrate.py`)."""
     from envace.store import migrate
 
+    if args.file is not None:
+        if args.root is not None:
+            raise UsageError("migrate: a FILE.toml or a store's --root, not both")
+        from envace.migrate import migrate_file
+
+        moved = migrate_file(args.file)
+        print(f"{args.file}: " + (f"{len(moved)} key(s) moved: " + ", ".join(f"{a} → {b}" for a, b in moved)
+                                  if moved else "no old [train] key, left as it is"))
+        return 0
     root = runs_root(args.root)
     done = migrate(root)
     print(f"converted {len(done)} run(s) in {root} to the current layout" + (f": {', '.join(done)}" if done else ""))
@@ -145,8 +157,12 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive("--max-new-tokens"), default=256,
                    help="tokens per judge answer (one line per rubric; default: 256)")
     p.set_defaults(func=cmd_judge)
-    with_root(sub.add_parser("migrate", help="convert runs stored under the old table and column names")
-              ).set_defaults(func=cmd_migrate)
+    p = with_root(sub.add_parser("migrate", help="convert runs stored under the old table and column names; with "
+                                                  "FILE.toml, rewrite that config file's flat [train] keys of "
+                                                  "earlier releases to their tables ([train.sft], …)"))
+    p.add_argument("file", nargs="?", default=None, metavar="FILE.toml",
+                   help="a config file to rewrite in place, line by line: its comments stay, a moved key's with it")
+    p.set_defaults(func=cmd_migrate)
     with_root(sub.add_parser("doctor", help="every problem in a store, and what to do about it")
               ).set_defaults(func=cmd_doctor)
     p = with_root(sub.add_parser("export", help="one run's tables as a Hugging Face dataset, Parquet or JSONL"))
