@@ -9,8 +9,9 @@
 #   bash experiments/private_ladder_cpu.sh             # refuses until both checkpoints exist
 #   WAIT=1 bash experiments/private_ladder_cpu.sh      # waits for the study to complete, then runs
 # A re-run keeps every finished cell and plays the others: stop it (Ctrl-C, kill) and start it again at will.
-# SEEDS (default 0; e.g. "0,1,2") adds seeds to the rungs that sample; RUNGS picks rungs (default: all); MODELS
-# replaces the two models (LABEL=RUN,...); NAME names the ladder (default private_cpu-ladder); ENVACE_RUNS the
+# The memory-aware SFT checkpoint (runs/private_cpu-sft-n12-memref-s0) joins as a third model once its run has
+# completed. SEEDS (default 0; e.g. "0,1,2") adds seeds to the rungs that sample; RUNGS picks rungs (default: all);
+# MODELS replaces the models (LABEL=RUN,...); NAME names the ladder (default private_cpu-ladder); ENVACE_RUNS the
 # runs folder. The tables: `envace show $NAME` (and $ROOT/$NAME/ladder.csv, diagnosis.csv).
 set -euo pipefail
 CONFIG=experiments/private_cpu.toml
@@ -18,7 +19,6 @@ ROOT=${ENVACE_RUNS:-runs}
 NAME=${NAME:-private_cpu-ladder}
 SEEDS=${SEEDS:-0}
 STUDY=private_cpu
-MODELS=${MODELS:-sft=$ROOT/$STUDY-sft-n12-s0,envace=$ROOT/$STUDY-envace-s0}
 done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
 
 if [ "${WAIT:-0}" = 1 ]; then  # the study and the ladder would share the two cores: one after the other
@@ -26,6 +26,14 @@ if [ "${WAIT:-0}" = 1 ]; then  # the study and the ladder would share the two co
     echo "$(date +%H:%M) waiting for the study $ROOT/$STUDY to complete …"
     sleep 300
   done
+fi
+if [ -z "${MODELS:-}" ]; then
+  MODELS=sft=$ROOT/$STUDY-sft-n12-s0,envace=$ROOT/$STUDY-envace-s0
+  # the memory-aware SFT of the same tasks and seed ([train.sft] memory = "reference"), once it is trained: a re-run
+  # adds its cells to the ladder's table
+  if done_run "$STUDY-sft-n12-memref-s0"; then
+    MODELS+=,sft_memref=$ROOT/$STUDY-sft-n12-memref-s0
+  fi
 fi
 for model in ${MODELS//,/ }; do
   run=${model#*=}

@@ -359,9 +359,7 @@ class Attempts(PrivateRehearsal):
         if self.rung == "real":
             sub.world = Copies(self._of)
         elif self._copies:
-            rehearsed = sub.world
-            sub.world = Shadow(rehearsed, Copies(self._of), is_error=engine.benchmark.is_error)
-            sub.world.rehearser = rehearsed.rehearser  # what select's judge reads off the world
+            sub.world = Shadow(sub.world, Copies(self._of), is_error=engine.benchmark.is_error)
         return sub
 
     def memories(self, engine: RolloutEngine, episodes: list[Episode]) -> list[str]:
