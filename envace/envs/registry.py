@@ -7,7 +7,7 @@ plugin that fails to load is listed with its error, and every other environment 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 
 from envace.envs import plugins
@@ -17,39 +17,23 @@ from envace.errors import UsageError
 __all__ = ["Benchmark", "Installed", "get", "installed", "names"]
 
 
-def _bfcl() -> Benchmark:
-    from envace.envs.bfcl import CATEGORIES, BFCLEnv, load_tasks, memory, single, truncate
-
-    return Benchmark("bfcl", CATEGORIES + single.CATEGORIES + memory.CATEGORIES, "multi_turn_base", load_tasks,
-                     BFCLEnv, truncate, known_defects=single.KNOWN_DEFECTS, call_only=single.CATEGORIES,
-                     before_turn=memory.before_turn)
+# The built-ins, by the package whose `benchmark()` builds each: loaded by path when asked for, as a plugin is, so
+# this module imports none of them (they import `benchmark.py` and `base.py` beside it: the arrows point down).
+_BUILT_INS = {"bfcl": "envace.envs.bfcl", "tau2": "envace.envs.tau2", "vitabench": "envace.envs.vitabench"}
 
 
-def _tau2() -> Benchmark:
-    from envace.envs.tau2 import CATEGORIES, Tau2Env, load_tasks
-
-    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env)
-
-
-def _vitabench() -> Benchmark:
-    from envace.envs.vitabench import CATEGORIES, VitaBenchEnv, load_tasks
-    from envace.envs.vitabench.data import KNOWN_DEFECTS, judge_context, rubrics
-
-    return Benchmark("vitabench", CATEGORIES, "delivery_solo", load_tasks, VitaBenchEnv,
-                     known_defects=KNOWN_DEFECTS, rubrics=rubrics, judge_context=judge_context)
-
-
-_BENCHMARKS: dict[str, Callable[[], Benchmark]] = {"bfcl": _bfcl, "tau2": _tau2, "vitabench": _vitabench}
+def _built_in(name: str) -> Benchmark:
+    return importlib.import_module(_BUILT_INS[name]).benchmark()
 
 
 def names() -> list[str]:
     """Every name `--env` takes besides a `module:factory` spec: the built-ins and the installed entry points."""
-    return sorted(set(_BENCHMARKS) | set(plugins.entry_point_names()))
+    return sorted(set(_BUILT_INS) | set(plugins.entry_point_names()))
 
 
 def get(name: str) -> Benchmark:
-    if name in _BENCHMARKS:
-        return _BENCHMARKS[name]()
+    if name in _BUILT_INS:
+        return _built_in(name)
     entry_point = plugins.entry_point_names().get(name)
     if entry_point is not None:
         return plugins.from_entry_point(entry_point)
@@ -73,7 +57,7 @@ def installed(names_: list[str] | None = None) -> list[Installed]:
     load it (`probe`): its categories, or the first thing that fails."""
     rows = []
     for name in names() if names_ is None else names_:
-        if name in _BENCHMARKS:
+        if name in _BUILT_INS:
             source = "built-in"
         elif name in plugins.entry_point_names():
             source = f"entry point {plugins.entry_point_names()[name].value}"

@@ -9,8 +9,16 @@ bfcl_eval's backends, their prerequisite conversations played first; `leaderboar
 score as its leaderboard computes it.
 """
 
+from envace.envs.benchmark import Benchmark
 from envace.envs.bfcl import memory, single
 from envace.envs.bfcl.data import CATEGORIES, load_tasks, truncate
 from envace.envs.bfcl.env import BFCLEnv
 
-__all__ = ["BFCLEnv", "CATEGORIES", "load_tasks", "memory", "single", "truncate"]
+__all__ = ["BFCLEnv", "CATEGORIES", "benchmark", "load_tasks", "memory", "single", "truncate"]
+
+
+def benchmark() -> Benchmark:
+    """The built-in `bfcl` (`envace.envs.registry` loads it by this module's path, as it loads a plugin)."""
+    return Benchmark("bfcl", CATEGORIES + single.CATEGORIES + memory.CATEGORIES, "multi_turn_base", load_tasks,
+                     BFCLEnv, truncate, known_defects=single.KNOWN_DEFECTS, call_only=single.CATEGORIES,
+                     before_turn=memory.before_turn)

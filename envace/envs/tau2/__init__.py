@@ -6,10 +6,15 @@ their gold actions, `env.py` runs episodes, `scoring.py` scores conversations wi
 `user.py` gives a user simulator its prompt and stop signals, `check.py` replays every gold trajectory.
 """
 
+from envace.envs.benchmark import Benchmark
 from envace.envs.tau2.check import replay_gold
 from envace.envs.tau2.data import CATEGORIES, load_task, load_tasks
 from envace.envs.tau2.env import Tau2Env
 from envace.envs.tau2.scoring import score_trajectory
 
-__all__ = ["CATEGORIES", "Tau2Env", "load_task", "load_tasks", "replay_gold",
-           "score_trajectory"]
+__all__ = ["CATEGORIES", "Tau2Env", "benchmark", "load_task", "load_tasks", "replay_gold", "score_trajectory"]
+
+
+def benchmark() -> Benchmark:
+    """The built-in `tau2` (`envace.envs.registry` loads it by this module's path, as it loads a plugin)."""
+    return Benchmark("tau2", CATEGORIES, "airline", load_tasks, Tau2Env)

@@ -19,7 +19,14 @@ product id twice in an order with two quantities, which shared in-store product 
 `data.KNOWN_DEFECTS`, which check-env names with their reasons.
 """
 
-from envace.envs.vitabench.data import CATEGORIES, load_task, load_tasks
+from envace.envs.benchmark import Benchmark
+from envace.envs.vitabench.data import CATEGORIES, KNOWN_DEFECTS, judge_context, load_task, load_tasks, rubrics
 from envace.envs.vitabench.env import VitaBenchEnv
 
-__all__ = ["CATEGORIES", "VitaBenchEnv", "load_task", "load_tasks"]
+__all__ = ["CATEGORIES", "VitaBenchEnv", "benchmark", "load_task", "load_tasks"]
+
+
+def benchmark() -> Benchmark:
+    """The built-in `vitabench` (`envace.envs.registry` loads it by this module's path, as it loads a plugin)."""
+    return Benchmark("vitabench", CATEGORIES, "delivery_solo", load_tasks, VitaBenchEnv,
+                     known_defects=KNOWN_DEFECTS, rubrics=rubrics, judge_context=judge_context)
