@@ -551,6 +551,11 @@ class EvalConfig(Config):
         at_least(self, 1, "limit")
 
 
+# A vLLM server's share of its GPUs: beside a trainer, enough for a small model's weights and a KV cache with the
+# trainer's activations in the rest; alone, vLLM's own default less a margin for the CUDA context and graphs.
+SHARED_GPU, OWNED_GPU = 0.4, 0.88
+
+
 @dataclass
 class ServingConfig(Config):
     """`[train.serving]`: the vLLM servers GRPO's rollouts generate with (`envace/training/served.py`)."""
@@ -558,16 +563,24 @@ class ServingConfig(Config):
     servers: str = doc("servers already running on the base model: comma-separated `http://HOST:PORT/v1` URLs, "
                        "`?model=NAME` on one (empty: with rollout.backend = vllm, one is started); the trained "
                        "weights are pushed to every one after each update", "")
-    gpu_memory: float = doc("share of each GPU's memory a server started by this run may take (vLLM's "
-                            "gpu_memory_utilization), in (0, 1): the trainer lives in the rest when they share a "
-                            "GPU; ignored on CPU", 0.4)
+    gpu_memory: float | Literal["auto"] = doc(
+        "share of each GPU's memory a server started by this run may take (vLLM's gpu_memory_utilization), in "
+        "(0, 1) | auto: 0.4 where the server shares its GPU with a trainer (the trainer lives in the rest), 0.88 "
+        "where it has its GPUs to itself (a Ray actor's, or serving.devices the trainer is not on); ignored on CPU",
+        "auto")
     devices: list[int] | None = doc("GPUs of the server(s) this run starts (indices as the trainer sees them): one "
                                     "process, its server's GPUs (several: tensor parallel); N processes, one GPU "
                                     "per process's server; unset = each process's own GPU, shared", None)
 
+    def share(self, shares_gpu: bool) -> float:
+        """`gpu_memory` as the server takes it: auto is SHARED_GPU beside a trainer, else OWNED_GPU."""
+        if self.gpu_memory != "auto":
+            return self.gpu_memory
+        return SHARED_GPU if shares_gpu else OWNED_GPU
+
     def validate(self) -> None:
-        if not 0 < self.gpu_memory < 1:
-            raise UsageError(f"gpu_memory: a share of the GPU's memory in (0, 1), got {self.gpu_memory!r}")
+        if self.gpu_memory != "auto" and not 0 < self.gpu_memory < 1:
+            raise UsageError(f"gpu_memory: a share of the GPU's memory in (0, 1) or auto, got {self.gpu_memory!r}")
         if self.devices is not None and (not self.devices or min(self.devices) < 0):
             raise UsageError(f"devices: expected GPU indices like [1] or [0, 1], got {self.devices!r}")
 

@@ -9,8 +9,9 @@ from envace.policy.tiny import build_tiny, build_tiny_tokenizer
 from envace.policy.tokenizer import prepare_tokenizer
 
 
-def load_policy(spec: str, dtype: str = "float32"):
-    """Load (model, tokenizer) for a spec, with the tool chat template and left padding."""
+def load_policy(spec: str, dtype: str = "float32", gpu: bool = True):
+    """Load (model, tokenizer) for a spec, with the tool chat template and left padding; on this process's GPU
+    where there is one, unless `gpu` is False (a copy that only carries weights to a vLLM server)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -21,7 +22,7 @@ def load_policy(spec: str, dtype: str = "float32"):
     where = resolve_model(spec)
     tok = AutoTokenizer.from_pretrained(where)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=getattr(torch, dtype))
-    if torch.cuda.is_available():  # one GPU per process; `accelerate launch` sets LOCAL_RANK
+    if gpu and torch.cuda.is_available():  # one GPU per process; `accelerate launch` sets LOCAL_RANK
         model.to(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
     return model.eval(), prepare_tokenizer(tok)
 

@@ -36,15 +36,16 @@ class Policy:
     bank: ExampleBank
 
 
-def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float | None = None) -> Policy:
+def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float | None = None,
+                 gpu: bool = True) -> Policy:
     """The policy as every process of a run builds it: seeded, checkpointed when asked (`policy.gradient_checkpointing`,
     or `checkpointing` from the launcher), with LoRA adapters when `lora`. `threads`: torch's threads (a Ray
-    worker's CPUs, not the whole node's)."""
+    worker's CPUs, not the whole node's); `gpu` False keeps the model in host memory."""
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
     torch.manual_seed(cfg.seed)
     benchmark = registry.get(cfg.rollout.env)
-    model, tok = load_policy(cfg.model, cfg.policy.dtype)
+    model, tok = load_policy(cfg.model, cfg.policy.dtype, gpu)
     if cfg.policy.gradient_checkpointing or checkpointing:
         enable_checkpointing(model)
     if cfg.policy.lora:
@@ -85,9 +86,15 @@ def start_servers(cfg: TrainConfig, procs: Processes, run: Run, tok,
                              f"process ({procs.world} indices), got {devices}")
         devices = [devices[procs.rank]]
     folder = run.path / ("served" if procs.world == 1 else f"served-p{procs.rank}")
+    share = cfg.serving.share(shares_gpu=devices is None or trainer_gpu() in devices)
     return ServedPolicy.start(cfg.model, cfg.serving.servers, cfg.policy.lora_rank if cfg.policy.lora else None,
-                              cfg.policy.dtype, tok, folder, say, gpu_memory=cfg.serving.gpu_memory, devices=devices,
+                              cfg.policy.dtype, tok, folder, say, gpu_memory=share, devices=devices,
                               pushes=procs.main or not cfg.serving.servers)
+
+
+def trainer_gpu() -> int | None:
+    """The GPU this process trains on (None on a CPU)."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
 
 
 def publisher(cfg: TrainConfig, procs: Processes, model, generator,
