@@ -45,6 +45,13 @@ def to_host(obj: Any) -> Any:
     return obj
 
 
+def actor_gpus() -> list[int] | None:
+    """Every GPU Ray gave this actor (`ray.actor_gpus` of them, the only ones it sees): its server's, tensor
+    parallel over all of them; None on a CPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return list(range(count)) or None
+
+
 def _node() -> str:
     import ray
 
@@ -57,13 +64,16 @@ class ActorWorker:
     none, answers None, and the driver sends the weights again."""
 
     def __init__(self, cfg: TrainConfig, index: int) -> None:
-        policy = build_policy(cfg, threads=cfg.ray.actor_cpus)
+        serves = cfg.rollout.backend == "vllm"
+        # Beside a vLLM server the model only carries the weights the server loads: host memory, not the GPU's
+        policy = build_policy(cfg, threads=cfg.ray.actor_cpus, gpu=not serves)
         model, tok, benchmark, bank = policy.model, policy.tok, policy.benchmark, policy.bank
         served, self.folder = None, None
-        if cfg.rollout.backend == "vllm":  # the server's log and pushed adapters: this actor's own folder
+        if serves:  # the server's log and pushed adapters: this actor's own folder
             self.folder = Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-"))
             served = ServedPolicy.start(cfg.model, "", cfg.policy.lora_rank if cfg.policy.lora else None,
-                                        cfg.policy.dtype, tok, self.folder, print, gpu_memory=cfg.serving.gpu_memory)
+                                        cfg.policy.dtype, tok, self.folder, print, devices=actor_gpus(),
+                                        gpu_memory=cfg.serving.share(shares_gpu=False))  # the actor's own GPUs
         backend = served.backend if served else HFBackend(model, tok, cfg.rollout.max_batch_tokens)
         self.cfg, self.index, self.benchmark, self.bank, self.backend = cfg, index, benchmark, bank, backend
         self.actor = RolloutActor(cfg, benchmark, bank, model.eval(), backend, served, self._progress, index)
