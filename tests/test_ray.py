@@ -5,7 +5,8 @@ The cluster's worker processes start with `tests/ray_workers` on their PYTHONPAT
 are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
 and updates happen; any file operation of a worker under the driver's runs folder raises, so a run that
 passes gave no actor or learner rank a path of the driver's; and a test removes the file `_marker(runs)` to make
-the next actor that plays step 2 raise once, as a served backend whose vLLM server answered 503.
+the next actor that plays step 2 raise once, as a served backend whose vLLM server answered 503; and one writes
+`_slow(runs)` to make an actor sleep before each group it plays (the work queue routes around it).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def _marker(runs: Path) -> Path:
     return runs.parent / f"played-{runs.name}"  # beside the runs folder, which workers may not touch
 
 
+def _slow(runs: Path) -> Path:
+    """While this file holds "I S", Ray actor I sleeps S seconds a group before it plays (`ray_workers`)."""
+    return runs.parent / f"slow-{runs.name}"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     runs = tmp_path_factory.mktemp("ray-runs")
@@ -46,7 +52,7 @@ def cluster(tmp_path_factory):
     # the nodes' raylets keep this environment for every worker they start
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p),
            "ENVACE_TEST_HALF_GOLD": "1", "ENVACE_TEST_FORBIDDEN": str(runs),
-           "ENVACE_TEST_PLAY_FAILS": str(_marker(runs))}
+           "ENVACE_TEST_PLAY_FAILS": str(_marker(runs)), "ENVACE_TEST_SLOW_ACTOR": str(_slow(runs))}
     with loopback_cluster({"num_cpus": 2, "env_vars": env}, {"num_cpus": 2, "env_vars": env}) as (address, _):
         yield address, runs
 
@@ -122,8 +128,8 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
 @pytest.mark.heavy
 def test_an_actor_whose_play_raises_is_restarted_and_replays_its_share(cluster, capsys):
     """A serving error inside an actor's `play` (its vLLM server answered 503: `ray_workers` hook) reaches the driver
-    as a `RayTaskError`: that actor is restarted (Ray's `max_restarts`), sent the version again and replays its
-    share of the step; the run finishes and every group is stored exactly once."""
+    as a `RayTaskError`: that actor is restarted (Ray's `max_restarts`) and sent the version again, and its chunk
+    goes back to the work queue; the run finishes and every group is stored exactly once."""
     address, runs = cluster
     _marker(runs).unlink()
     assert _train(address, runs, "failed-once", 3, *TWO_NODES) == 0
@@ -135,6 +141,38 @@ def test_an_actor_whose_play_raises_is_restarted_and_replays_its_share(cluster, 
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "WHERE run_id = 'failed-once' GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # the replayed share sampled by the same version
+
+
+@pytest.mark.heavy
+def test_a_slow_actor_plays_fewer_groups_and_every_group_is_stored_once(cluster, monkeypatch):
+    """The work queue (`RemoteActors.play`): with actor 1 six seconds a group slower, actor 0 plays more of a step's
+    6 groups (the static split gave each 3), and the step's episodes are its tasks × G, each once, in order."""
+    from envace.training.cluster import driver
+
+    address, runs = cluster
+    seen = []
+    play = driver.RemoteActors.play
+
+    def watched(self, step, tasks):
+        played = play(self, step, tasks)
+        seen.append((list(self.played), [t.uid for t in tasks], [ep.episode_id for ep in played.episodes]))
+        return played
+
+    monkeypatch.setattr(driver.RemoteActors, "play", watched)
+    _slow(runs).write_text("1 6")
+    try:
+        assert _train(address, runs, "slow-actor", 1, *TWO_NODES, "--set", "grpo.tasks_per_step=6") == 0
+    finally:
+        _slow(runs).unlink()
+    [(groups, uids, ids)] = seen
+    assert ids == [f"s0:{uid.replace('/', '.')}#{g}" for uid in uids for g in range(4)]
+    assert groups[0] > groups[1] >= 1 and sum(groups) == 6, groups
+    con = connect(runs)
+    stored = con.execute("SELECT count(*), count(DISTINCT episode_id) FROM episodes WHERE run_id = 'slow-actor'")
+    assert stored.fetchall() == [(24, 24)]
+    busy = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = 'slow-actor' AND phase = 'grpo' "
+                            "AND name IN ('actor0_rollout_s', 'actor1_rollout_s')").fetchall())
+    assert busy["actor1_rollout_s"] >= 6 * groups[1]  # each actor's busy time on the step: actor 1 slept
 
 
 def test_a_failed_actor_call_is_named_in_one_line():

@@ -46,8 +46,8 @@ class Played:
     real_fraction: float
     seconds: float  # the actor's wall time on this step (loading its weights included)
     started: float = 0.0  # when the actor began this step (time.time(): the run's timeline)
-    restarts: int = 0  # Ray actors that died during this step and replayed their share
-    actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's own wall time on its share
+    restarts: int = 0  # Ray actors restarted during this step (their chunks went back to the queue)
+    actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's busy time on this step
 
     def spans(self) -> dict[str, float]:
         """The step's rollout as the app's timeline stores it (with Ray, each actor's share and its restarts)."""

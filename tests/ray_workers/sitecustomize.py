@@ -7,6 +7,8 @@ tests/test_ray.py (the simulated cluster's nodes are started with it; the test p
   read or write a path of the driver's.
 - `ENVACE_TEST_PLAY_FAILS=MARKER`: while the file MARKER does not exist, the next actor to play step 2 (step 1)
   creates it and raises the error a served backend raises when its vLLM server answers 503 (`play_fails_once`).
+- `ENVACE_TEST_SLOW_ACTOR=FILE`: while FILE exists and holds "I S", Ray actor I sleeps S seconds a group before it
+  plays (`slow_actor`): a slow actor for the work queue to route around.
 """
 
 import importlib.abc
@@ -14,6 +16,7 @@ import importlib.util
 import os
 import random
 import sys
+import time
 
 
 def half_gold(backend_class) -> None:
@@ -79,6 +82,30 @@ def play_fails_once(marker: str):
 
     return patch
 
+
+def slow_actor(marker: str):
+    """`envace.training.cluster.workers` with `ActorWorker.play` sleeping first on the actor `marker` names."""
+
+    def patch(module) -> None:
+        original = module.ActorWorker.play
+
+        def play(self, step, tasks, version, chunk=0):
+            try:
+                index, seconds = open(marker).read().split()
+            except FileNotFoundError:
+                index, seconds = -1, 0
+            if int(index) == self.index:
+                time.sleep(float(seconds) * len(tasks))
+            return original(self, step, tasks, version, chunk)
+
+        module.ActorWorker.play = play
+
+    return patch
+
+
+if os.environ.get("ENVACE_TEST_SLOW_ACTOR"):
+    sys.meta_path.insert(0, _Patched("envace.training.cluster.workers",
+                                     slow_actor(os.environ["ENVACE_TEST_SLOW_ACTOR"])))
 
 if os.environ.get("ENVACE_TEST_PLAY_FAILS"):
     sys.meta_path.insert(0, _Patched("envace.training.actor", play_fails_once(os.environ["ENVACE_TEST_PLAY_FAILS"])))

@@ -2,7 +2,8 @@
 
     driver (this process): the store, state.pt, the schedule of steps and versions (`staleness.AheadPipeline`)
       ├─ actors  (placement group A): each loads the base model, takes published versions from the object
-      │          store, plays its share of a step's tasks and returns scored groups (`workers.ActorWorker`)
+      │          store, pulls chunks of a step's groups from the driver's work queue and returns them
+      │          scored (`workers.ActorWorker`, `driver.RemoteActors.play`)
       └─ learner (placement group B): N ranks in one torch.distributed group (gloo on CPUs, NCCL on GPUs),
                  each updating on its share of the groups (`workers.LearnerRank`)
 

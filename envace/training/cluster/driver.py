@@ -1,20 +1,26 @@
 """`envace train` under `[train.ray]`: the driver's side of the actors and the learner ranks.
 
-The loop is `loop.overlapped`, the same one a single process runs with `grpo.max_staleness ≥ 1`; here its actor
-is `RemoteActors` (every actor plays its share of a step's tasks) and its learner `RemoteLearner` (every
-rank updates on its share of the groups; the gradients are summed in their torch.distributed group). With
-`grpo.max_staleness = 0` the pipeline hands step k to the actors only once version k is published: the
-synchronous algorithm, each step's tasks and seeds the same as in one process.
+The loop is `loop.overlapped`, the same one a single process runs with `grpo.max_staleness ≥ 1`; here its
+actor is `RemoteActors` and its learner `RemoteLearner` (every rank updates on its share of the groups; the
+gradients are summed in their torch.distributed group). With `grpo.max_staleness = 0` the pipeline hands step k
+to the actors only once version k is published: the synchronous algorithm.
+
+A step's groups (a task's G episodes) are one work queue: cut into chunks of `chunk_size` groups, each handed to
+whichever actor is free (`ray.wait` over the calls out), so a slow actor plays fewer chunks instead of setting the
+step's time. Chunk c is sampled from the seeds of `rollout_at(step, c)` (its index, not its actor's), so what a
+step plays depends on the tasks and the number of actors alone, not on which actor took which chunk; with one
+actor the step is one chunk, as one process plays it.
 
 An actor that dies is restarted by Ray (`max_restarts`), and one whose call raised (a serving error inside it:
-its vLLM server died, timed out or answered 5xx) is killed to be restarted alike; the driver sends it the current
-version again and replays its share of the step. The store is written once a whole step is back, by the driver
-alone, so a group is stored exactly once however often its actor died or failed.
+its vLLM server died, timed out or answered 5xx) is killed to be restarted alike; its chunk goes back to the
+queue (to the next free actor) and the driver sends it the current version again. The store is written once a
+whole step is back, by the driver alone, so a group is stored exactly once however often its actor died or failed.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +46,7 @@ class RemoteActors:
         self.handles, self.max_restarts, self.say = handles, max_restarts, say
         self.version, self.published = -1, None  # (object ref of the weights, version)
         self.restarts = 0
+        self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
 
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         import ray
@@ -51,20 +58,43 @@ class RemoteActors:
         return time.perf_counter() - started
 
     def play(self, step: int, tasks: list) -> Played:
-        """Every actor plays tasks[i::n]; the groups come back in the order of `tasks`, as one process plays them."""
+        """The step's groups as one work queue (module docstring): chunk c of `chunk_size` groups goes to whichever
+        actor is free and is sampled from seeds of (seed, step, c), whoever plays it; a chunk whose actor died or
+        failed goes back to the queue while that actor is restarted. The groups come back in the order of `tasks`."""
+        import ray
+
         started, clock, restarts, n = time.perf_counter(), time.time(), self.restarts, len(self.handles)
-        busy = [i for i in range(n) if tasks[i::n]]
-        shares = dict(zip(busy, self._each(busy, lambda h, i: h.play.remote(step, tasks[i::n], self.version)),
-                          strict=True))
-        size = len(shares[busy[0]].episodes) // len(tasks[busy[0]::n])  # G episodes per task
-        episodes, scored = [], []
-        for j in range(len(tasks)):
-            part, at = shares[j % n], (j // n) * size
-            episodes += part.episodes[at: at + size]
-            scored += part.scored[at: at + size]
-        return Played(step, self.version, episodes, scored, shares[busy[0]].real_fraction,
-                      time.perf_counter() - started, clock, self.restarts - restarts,
-                      [shares[i].seconds for i in busy])
+        size = chunk_size(len(tasks), n)
+        queue = deque(range(-(-len(tasks) // size)))  # chunk indices, handed out in order
+        idle, running, done = deque(range(n)), {}, {}
+        busy, failures = [0.0] * n, [0] * n
+
+        def hand_out() -> None:
+            while queue and idle:
+                i, c = idle.popleft(), queue.popleft()
+                ref = self.handles[i].play.remote(step, tasks[c * size: (c + 1) * size], self.version, c)
+                running[ref] = (i, c, time.perf_counter())
+
+        while queue or running:
+            hand_out()
+            ready, _ = ray.wait(list(running), num_returns=1)
+            i, c, at = running.pop(ready[0])
+            result, why, failed = _outcome(ready[0])
+            busy[i] += time.perf_counter() - at
+            if why is None:
+                done[c] = result
+                self.played[i] += len(tasks[c * size: (c + 1) * size])
+                idle.append(i)
+                continue
+            failures[i] += 1
+            queue.appendleft(c)  # its groups go to the next free actor
+            hand_out()
+            self._recover(i, why, failed, failures[i], "its groups go back to the queue")
+            idle.append(i)
+        parts = [done[c] for c in sorted(done)]
+        return Played(step, self.version, [ep for p in parts for ep in p.episodes],
+                      [row for p in parts for row in p.scored], parts[0].real_fraction, time.perf_counter() - started,
+                      clock, self.restarts - restarts, busy)
 
     def evaluate(self, updates: int) -> tuple[list, list]:
         n = len(self.handles)
@@ -75,34 +105,32 @@ class RemoteActors:
         """`call(handle, i)` on every actor in `indices` at once. An actor that died, whose call raised (a task
         error: restarted first, `_restart`), or that came back without the published version (answered None) is
         sent the version again and asked again."""
-        import ray
-
         refs = {i: call(self.handles[i], i) for i in indices}
         out = []
         for i, ref in refs.items():
-            for attempt in range(self.max_restarts + 2):
-                failed = False
-                try:
-                    result = ray.get(ref)
-                    if result is not None:
-                        break
-                    why = "came back without the policy weights"
-                except ray.exceptions.RayActorError as exc:
-                    why = f"died ({type(exc).__name__})"
-                except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as exc:
-                    why, failed = f"failed ({failure(exc)})", True
-                if attempt > self.max_restarts:
-                    raise RuntimeError(f"ray: actor {i} {why} {attempt + 1} times; giving up (max_restarts = "
-                                       f"{self.max_restarts})")
-                self.restarts += 1
-                self.say(f"  actor {i} {why}: " + ("restarting it, " if failed else "") + "sending it policy "
-                         f"version {self.published[1]} again and replaying its share")
-                if failed:
-                    self._restart(i)
-                self._reload(i)
+            attempt = 0
+            while True:
+                result, why, failed = _outcome(ref)
+                if why is None:
+                    break
+                attempt += 1
+                self._recover(i, why, failed, attempt, "replaying its call")
                 ref = call(self.handles[i], i)
             out.append(result)
         return out
+
+    def _recover(self, i: int, why: str, failed: bool, attempt: int, then: str) -> None:
+        """Actor `i`'s `attempt`-th failure on this call or step (`why`): restarted if its call raised (`_restart`),
+        sent the published version again (`_reload`); raises past `max_restarts`."""
+        if attempt > self.max_restarts + 1:
+            raise RuntimeError(f"ray: actor {i} {why} {attempt} times; giving up (max_restarts = "
+                               f"{self.max_restarts})")
+        self.restarts += 1
+        self.say(f"  actor {i} {why}: " + ("restarting it, " if failed else "") + "sending it policy "
+                 f"version {self.published[1]} again; {then}")
+        if failed:
+            self._restart(i)
+        self._reload(i)
 
     def _restart(self, i: int, restart_s: float = 600.0) -> None:
         """Kill actor `i` for Ray to restart it (counted against `max_restarts`, as a death is): after a task error
@@ -144,6 +172,29 @@ class RemoteActors:
                 time.sleep(0.5)
             except ray.exceptions.RayActorError:
                 return  # died again: the next attempt finds out
+
+
+def chunk_size(groups: int, actors: int) -> int:
+    """Groups per pull of the work queue: with one actor the whole step (nothing to balance; played as one process
+    plays it), else `groups // (4 × actors)`, at least 1: about four pulls per actor, so a slow actor's last pulls
+    go to the others while each pull still batches a few groups."""
+    return groups if actors == 1 else max(1, groups // (4 * actors))
+
+
+def _outcome(ref) -> tuple[Any, str | None, bool]:
+    """(result, None, False) for a call that answered; else (None, why, whether its call raised): the actor died, its
+    call raised (a task error: the actor is restarted first), or it came back without the published version."""
+    import ray
+
+    try:
+        result = ray.get(ref)
+    except ray.exceptions.RayActorError as exc:
+        return None, f"died ({type(exc).__name__})", False
+    except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as exc:
+        return None, f"failed ({failure(exc)})", True
+    if result is None:
+        return None, "came back without the policy weights", False
+    return result, None, False
 
 
 def failure(exc: Exception) -> str:

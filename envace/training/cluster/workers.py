@@ -98,8 +98,13 @@ class ActorWorker:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def play(self, step: int, tasks: list, version: int) -> Played | None:
-        return self.actor.play(step, tasks) if self.actor.version == version else None
+    def play(self, step: int, tasks: list, version: int, chunk: int = 0) -> Played | None:
+        """Chunk `chunk` of step `step`'s work queue (`driver.RemoteActors.play`), sampled from the seeds of
+        `rollout_at(step, chunk)`: the chunk's, not this actor's, so a chunk plays the same on any actor."""
+        if self.actor.version != version:
+            return None
+        self.actor.rank = chunk
+        return self.actor.play(step, tasks)
 
     def evaluate(self, updates: int, version: int, index: int, count: int):
         if self.actor.version != version:
