@@ -1,4 +1,4 @@
-"""`envace bench rollout|rehearsal|train|private|store`: performance benchmarks, each with its own flags.
+"""`envace bench rollout|rehearsal|train|private|pipeline|store`: performance benchmarks, each with its own flags.
 
 What each one measures and how: `envace/bench`, `workbench/bench.py` and docs/benchmarks.md.
 """
@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from envace.cli.console import new_console
-from envace.cli.flags import with_root
+from envace.cli.flags import positive, with_root
 from envace.cli.programs import run_module
 from envace.config import load_toml
 from envace.errors import UsageError
@@ -69,6 +69,34 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
                                           *(["--keep", str(args.keep)] if args.keep else [])])
 
 
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from dataclasses import asdict, replace
+
+    from envace.bench import pipeline
+    from envace.cli.tables import print_pipeline
+    from envace.store import connect
+
+    root = runs_root(args.root)
+    if not (root.is_dir() and any(root.glob("*/run.json"))):
+        raise UsageError(f"no run store at {root}")
+    con = connect(str(root))
+    runs = {r: pipeline.load_run(con, r) for r in dict.fromkeys([*args.runs, *([args.fit_on] if args.fit_on else [])])}
+    overrides = {k: getattr(args, k) for k in ("tool_s", "publish_s") if getattr(args, k) is not None}
+    costs = {r: replace(pipeline.fit(m), **overrides) for r, m in runs.items()}
+    rows = []
+    for r in args.runs:
+        fitted_on = args.fit_on or r
+        rows.append({**pipeline.validate(runs[r], costs[fitted_on]), "fitted_on": fitted_on})
+    used = {args.fit_on or r for r in args.runs}
+    projection = inputs = None
+    if args.project:
+        projection, inputs = pipeline.project(runs[args.runs[0]], steps=args.steps, groups=args.groups,
+                                              tokens=args.tokens, prompt=args.prompt_tokens, seed=args.seed,
+                                              tool_s=args.tool_s or 0.0)
+    print_pipeline(new_console(), rows, {r: asdict(costs[r]) for r in sorted(used)}, projection, inputs)
+    return 0
+
+
 def _model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="model spec (default: default)")
 
@@ -78,6 +106,19 @@ def _episodes(p: argparse.ArgumentParser) -> None:
     _model(p)
     p.add_argument("--limit", type=int, default=2, help="BFCL test episodes (= batch size) (default: 2)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per generated message (default: 64)")
+
+
+def _seconds(flag: str):
+    """An argparse type: seconds >= 0, else one line naming `flag`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value >= 0 or value == float("inf"):
+            raise UsageError(f"{flag} takes seconds >= 0, got '{text}'")
+        return value
+    return parse
 
 
 def register(sub) -> None:
@@ -124,6 +165,28 @@ def register(sub) -> None:
     _episodes(p)
     p.add_argument("--budgets", default="1,2", help="imagined attempts N to measure (default: 1,2)")
     p.set_defaults(func=cmd_bench_private)
+
+    p = with_root(benches.add_parser("pipeline", help="a simulation of GRPO steps (generation, update, publish; "
+                                                      "sync or ahead, lock-step or per-episode, N actors) checked "
+                                                      "against stored runs' steps, and projected onto GPUs"))
+    p.add_argument("runs", nargs="+", help="stored training runs: each one's steps simulated and compared")
+    p.add_argument("--fit-on", default=None, help="fit the costs on this run for every row (default: each run "
+                   "its own)")
+    p.add_argument("--tool-s", type=_seconds("--tool-s"), default=None, help="seconds between an answer and an "
+                   "episode's next request (default: fitted; 0 in the projection)")
+    p.add_argument("--publish-s", type=_seconds("--publish-s"), default=None, help="seconds per published "
+                   "version (default: the run's measured sync_s + load_s)")
+    p.add_argument("--project", action="store_true", help="also project Qwen3-1.7B and Qwen3-8B on 1, 4 and 8 "
+                   "actor GPUs from published throughputs (a projection, not a measurement)")
+    p.add_argument("--steps", type=positive("--steps"), default=8, help="steps per projected run (default: 8)")
+    p.add_argument("--groups", type=positive("--groups"), default=32, help="groups per projected step, drawn "
+                   "from the first run's (default: 32)")
+    p.add_argument("--tokens", type=positive("--tokens"), default=256, help="mean generated tokens per request "
+                   "in the projection (default: 256)")
+    p.add_argument("--prompt-tokens", type=positive("--prompt-tokens"), default=512, help="mean prompt tokens "
+                   "prefilled per request in the projection (default: 512)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the projection's draw of groups (default: 0)")
+    p.set_defaults(func=cmd_bench_pipeline)
 
     p = benches.add_parser("store", help="the app's queries on a large synthetic store (workbench/bench.py)")
     p.add_argument("--runs", type=int, default=50, help="runs in the synthetic store (default: 50)")

@@ -187,3 +187,27 @@ def print_gold_stats(console, benchmark: str, model: str, stats: list[tuple[str,
                       f"{sum(1 <= c <= 3 for c in calls)}/{len(calls)}",
                       str(units.percentile(lengths, 0.95) + units.TOKEN_MARGIN) if split == "train" else "")
     console.print(table)
+
+
+def print_pipeline(console, rows: list[dict], fitted: dict[str, Any], projection: list[dict] | None = None,
+                   inputs: dict[str, dict[str, str]] | None = None) -> None:
+    """`envace bench pipeline`: the model against measured steps, then (with --project) its GPU projection."""
+    table = _table("run", "staleness", "steps", "costs fitted on", "measured s/step", "simulated s/step", "error",
+                   "idle slots (model)", title="pipeline model vs measured GRPO steps (mean step_s)")
+    for r in rows:
+        table.add_row(r["run"], str(r["staleness"]), str(r["steps"]), r["fitted_on"], f"{r['measured_s']:.3f}",
+                      f"{r['simulated_s']:.3f}", f"{r['error']:+.1%}", f"{r['idle_share']:.0%}")
+    console.print(table)
+    for run_id, costs in fitted.items():
+        console.print(f"costs fitted on {run_id}: " + ", ".join(f"{k} {v:.3g}" for k, v in costs.items()))
+    if projection is None:
+        return
+    proj = _table("model", "actor GPUs", "rollout", "sync s/step", "staleness 1", "staleness 2", "idle slots (sync)",
+                  "actor util (sync)", "learner util (sync)",
+                  title="PROJECTION (simulated, not measured): steady GRPO step on H100s")
+    for r in projection:
+        proj.add_row(r["model"], str(r["gpus"]), r["mode"], f"{r['s0']:.1f}", f"{r['s1']:.1f}", f"{r['s2']:.1f}",
+                     f"{r['idle']:.0%}", f"{r['actor_util']:.0%}", f"{r['learner_util']:.0%}")
+    console.print(proj)
+    for model, named in (inputs or {}).items():
+        console.print(f"inputs, {model}: " + "; ".join(f"{k} {v}" for k, v in named.items()))

@@ -1,0 +1,477 @@
+"""A pipeline model of GRPO steps: a deterministic discrete-event simulation of actors, their generation servers and
+the learner (`envace bench pipeline`; docs/benchmarks.md).
+
+A step's work is its groups of episodes; an episode is a list of requests (prompt tokens to prefill, tokens to
+generate), each followed by `tool_s` before the episode's next request. Costs:
+
+    one server iteration   = speed × (decode_s + batch_s × (b − 1) + prefill_s × tokens admitted this iteration)
+                             (b concurrent sequences each gain one token)
+    one update             = update_s + update_s_per_token × the step's generated tokens
+    one publish            = publish_s (the learner is busy; the version is usable when it ends)
+
+Schedules: the actors play a group of step k once version k − staleness is published (staleness 0: the
+synchronous loop, step = generation + update + publish); the learner updates steps in order, each once all its
+groups are played and its previous update published. Lock-step: an actor plays a batch of groups (one step's) in
+rounds, every episode waiting for the slowest one's answer before any sends its next request. Per-episode: an
+episode sends its next request as soon as its answer is in, and the server batches whatever is waiting; an actor
+takes a group whenever it has room, across steps when the staleness allows. Work queue: actors pull groups from
+one queue; static split: actor i plays groups i, i + n, … of each step (`tasks[i::n]`).
+
+Outputs per run of the model: step times (version k+1 published − version k published), the idle share of
+episode slots (1 − episode-seconds ÷ slot-seconds while an actor has work in flight), actor utilisation (server
+busy ÷ wall) and learner utilisation (update + publish ÷ wall).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field, fields, replace
+from itertools import count
+
+from envace.errors import UsageError
+
+Episode = tuple[tuple[int, int], ...]  # (prompt tokens prefilled, tokens generated) per request
+Step = list[list[Episode]]  # groups of episodes
+
+
+@dataclass(frozen=True)
+class Costs:
+    decode_s: float = 0.0  # one decode iteration at batch 1 (s)
+    batch_s: float = 0.0  # added per extra concurrent sequence per iteration (s)
+    prefill_s: float = 0.0  # per prompt token prefilled (s)
+    tool_s: float = 0.0  # between an answer and the episode's next request (s)
+    update_s_per_token: float = 0.0  # per generated token of the step (s)
+    update_s: float = 0.0  # per update (s)
+    publish_s: float = 0.0  # per published version (s)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise UsageError(f"pipeline cost {f.name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    staleness: int = 0
+    per_episode: bool = False
+    actors: int = 1
+    queue: bool = True  # one work queue across actors (else the static split)
+    slots: int | None = None  # concurrent episodes per actor (None: a step's share, ⌈episodes / actors⌉)
+    speeds: tuple[float, ...] = ()  # per actor: multiplier on its iteration time (1 = nominal)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.staleness, int) or self.staleness < 0:
+            raise UsageError(f"pipeline staleness must be a whole number >= 0, got {self.staleness!r}")
+        if self.actors < 1 or (self.slots is not None and self.slots < 1):
+            raise UsageError("pipeline actors and slots must be at least 1")
+        if any(s <= 0 for s in self.speeds):
+            raise UsageError("pipeline actor speeds must be > 0")
+
+
+@dataclass
+class Result:
+    step_s: list[float]  # per step: its version published − the previous one published
+    idle_share: float  # of episode slots while an actor had work in flight
+    actor_util: float  # server busy time ÷ (actors × wall)
+    learner_util: float  # update + publish ÷ wall
+    wall_s: float
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self.step_s) / len(self.step_s)
+
+    def steady_s(self, skip: int) -> float:
+        """Mean step time after the first `skip` steps (the pipeline's fill)."""
+        tail = self.step_s[skip:] or self.step_s
+        return sum(tail) / len(tail)
+
+
+@dataclass(eq=False)
+class _Ep:
+    requests: Episode
+    step: int
+    actor: int = -1
+    index: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+    remaining: int = 0
+
+
+@dataclass(eq=False)
+class _Actor:
+    speed: float
+    slots: int
+    queue: list  # groups: (step, [episodes]); shared across actors with a work queue
+    free: int = 0
+    waiting: list = field(default_factory=list)
+    active: list = field(default_factory=list)
+    running: bool = False
+    busy_s: float = 0.0
+    batch: list | None = None  # lock-step: the episodes of the batch in play
+    outstanding: int = 0  # lock-step: answers the current round still waits for
+    batch_open: bool = False  # lock-step: the batch still takes groups (until its first round starts)
+    in_flight_since: float | None = None
+    slot_s: float = 0.0
+
+
+def simulate(steps: list[Step], costs: Costs, schedule: Schedule) -> Result:
+    """Play `steps` under `schedule` with `costs` (module docstring): deterministic."""
+    if not steps or any(not any(group for group in step) for step in steps):
+        raise UsageError("pipeline: every step needs at least one episode")
+    return _Sim(steps, costs, schedule).run()
+
+
+class _Sim:
+    def __init__(self, steps: list[Step], costs: Costs, schedule: Schedule) -> None:
+        self.costs, self.s = costs, schedule
+        n = schedule.actors
+        biggest = max(sum(len(g) for g in step) for step in steps)
+        slots = schedule.slots or -(-biggest // n)
+        speeds = list(schedule.speeds) + [1.0] * (n - len(schedule.speeds))
+        shared: list = []
+        self.actors = [_Actor(speeds[i], slots, shared if schedule.queue else []) for i in range(n)]
+        for a in self.actors:
+            a.free = slots
+        self.left, self.tokens = [], []
+        for k, step in enumerate(steps):
+            for g, group in enumerate(step):
+                eps = [_Ep(tuple(r for r in e if r[1] > 0) or ((0, 1),), k) for e in group]
+                if eps:
+                    self.actors[g % n].queue.append((k, eps))
+            self.left.append(sum(len(g) for g in step))
+            self.tokens.append(sum(t for group in step for e in group for _, t in e))
+        self.events: list = []
+        self.seq = count()
+        self.version, self.published = 0, [0.0]
+        self.learner_busy, self.learner_s, self.next_update = False, 0.0, 0
+        self.episode_s = 0.0
+
+    def at(self, t: float, kind: str, what) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, what))
+
+    def run(self) -> Result:
+        self.fill(0.0)
+        t = 0.0
+        while self.events:
+            t, _, kind, what = heapq.heappop(self.events)
+            getattr(self, "on_" + kind)(what, t)
+        if len(self.published) != len(self.left) + 1:
+            raise UsageError("pipeline: a group can fit no actor's slots (raise slots)")
+        slot_s = sum(a.slot_s for a in self.actors)
+        busy = sum(a.busy_s for a in self.actors)
+        return Result([b - a for a, b in zip(self.published, self.published[1:], strict=False)],
+                      max(0.0, 1 - self.episode_s / slot_s) if slot_s else 0.0,
+                      busy / (len(self.actors) * t) if t else 0.0, self.learner_s / t if t else 0.0, t)
+
+    # actors
+    def eligible(self, step: int) -> bool:
+        return step - self.s.staleness <= self.version
+
+    def fill(self, t: float) -> None:
+        """Every actor takes work, one group at a time in turn (a queue shared fairly by idle actors)."""
+        while any([self.take(i, t, 1) for i in range(len(self.actors))]):
+            pass
+
+    def take(self, i: int, t: float, most: int | None = None) -> bool:
+        """Actor i takes (up to `most`) groups it has room for (lock-step: a batch of one step's groups, when it
+        has none in play)."""
+        a = self.actors[i]
+        if not self.s.per_episode and a.batch is not None and not a.batch_open:
+            return False
+        taken: list[_Ep] = list(a.batch or []) if not self.s.per_episode else []
+        fresh = 0
+        while (a.queue and self.eligible(a.queue[0][0]) and len(a.queue[0][1]) <= a.free
+               and (most is None or fresh < most)):
+            if not self.s.per_episode and taken and a.queue[0][0] != taken[0].step:
+                break
+            _, eps = a.queue.pop(0)
+            a.free -= len(eps)
+            taken += eps
+            fresh += 1
+            if not self.s.per_episode:
+                a.batch, a.batch_open, a.outstanding = taken, True, len(taken)
+            if a.in_flight_since is None:
+                a.in_flight_since = t
+            for ep in eps:
+                ep.actor, ep.started = i, t
+        if fresh and self.s.per_episode:
+            for ep in taken:
+                self.submit(ep, t)
+        elif fresh:
+            self.at(t, "start", a)
+        return bool(fresh)
+
+    def on_start(self, a: _Actor, t: float) -> None:
+        """A lock-step batch starts once every group handed out at this instant has joined it."""
+        if a.batch_open:
+            a.batch_open = False
+            for ep in a.batch:
+                self.submit(ep, t)
+
+    def submit(self, ep: _Ep, t: float) -> None:
+        a = self.actors[ep.actor]
+        ep.remaining = ep.requests[ep.index][1]
+        a.waiting.append(ep)
+        if not a.running:
+            self.iterate(a, t)
+
+    def iterate(self, a: _Actor, t: float) -> None:
+        prefill = sum(ep.requests[ep.index][0] for ep in a.waiting)
+        a.active += a.waiting
+        a.waiting = []
+        if not a.active:
+            a.running = False
+            return
+        c = self.costs
+        dur = a.speed * (c.decode_s + c.batch_s * (len(a.active) - 1) + c.prefill_s * prefill)
+        a.running, a.busy_s = True, a.busy_s + dur
+        self.at(t + dur, "iterated", a)
+
+    def on_iterated(self, a: _Actor, t: float) -> None:
+        still = []
+        for ep in a.active:
+            ep.remaining -= 1
+            if ep.remaining > 0:
+                still.append(ep)
+            else:
+                self.at(t + self.costs.tool_s, "answered", ep)
+        a.active = still
+        self.iterate(a, t)
+
+    def on_answered(self, ep: _Ep, t: float) -> None:
+        a = self.actors[ep.actor]
+        ep.index += 1
+        done = ep.index >= len(ep.requests)
+        if done:
+            ep.ended = t
+            self.episode_s += t - ep.started
+        if self.s.per_episode:
+            if not done:
+                return self.submit(ep, t)
+            a.free += 1
+            self.release(a, t, [ep])
+            return self.take(ep.actor, t)
+        a.outstanding -= 1
+        if a.outstanding:
+            return None
+        going = [e for e in a.batch if e.index < len(e.requests)]
+        if going:
+            a.outstanding = len(going)
+            for e in going:
+                self.submit(e, t)
+            return None
+        batch, a.batch = a.batch, None
+        a.free += len(batch)
+        self.release(a, t, batch)
+        return self.take(ep.actor, t)
+
+    def release(self, a: _Actor, t: float, eps: list[_Ep]) -> None:
+        """Episodes whose slots free: count them against their steps; an actor with none in flight stops its
+        slot clock."""
+        for ep in eps:
+            self.left[ep.step] -= 1
+        if a.free == a.slots:
+            a.slot_s += a.slots * (t - a.in_flight_since)
+            a.in_flight_since = None
+        self.learn(t)
+
+    # the learner
+    def learn(self, t: float) -> None:
+        k = self.next_update
+        if self.learner_busy or k >= len(self.left) or self.left[k]:
+            return
+        c = self.costs
+        dur = c.update_s + c.update_s_per_token * self.tokens[k]
+        self.learner_busy, self.learner_s = True, self.learner_s + dur + c.publish_s
+        self.at(t + dur + c.publish_s, "published", k + 1)
+
+    def on_published(self, version: int, t: float) -> None:
+        self.version, self.learner_busy, self.next_update = version, False, version
+        self.published.append(t)
+        self.fill(t)
+        self.learn(t)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A run in the store: its episodes as requests, its measured steps, and costs fitted to them.
+
+@dataclass
+class Measured:
+    run_id: str
+    staleness: int
+    steps: list[Step]
+    step_s: list[float]
+    rollout_s: list[float]
+    update_s: list[float]
+    publish_s: list[float]
+
+
+def load_run(con, run_id: str) -> Measured:
+    """A stored training run's GRPO steps: each episode's requests (from its generations) and each step's timings."""
+    import json
+
+    meta = con.execute("SELECT kind, config FROM runs WHERE run_id = ?", [run_id]).fetchone() \
+        if _has(con, "runs") else None
+    if meta is None and not _has(con, "metrics"):
+        raise UsageError(f"run '{run_id}': no such run in the store")
+    timing = con.execute("SELECT step, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
+                         "AND name IN ('step_s', 'rollout_s', 'update_s', 'sync_s', 'load_s')",
+                         [run_id]).fetchall() if _has(con, "metrics") else []
+    by_step: dict[int, dict[str, float]] = {}
+    for step, name, value in timing:
+        by_step.setdefault(step, {})[name] = value
+    by_step = {k: v for k, v in by_step.items() if "step_s" in v and "rollout_s" in v}
+    if not by_step:
+        raise UsageError(f"run '{run_id}' has no GRPO steps with timings (step_s, rollout_s) to model")
+    rows = con.execute("SELECT step, episode_id, role, turn, turn_step, call_index, prompt_len, len(completion_ids) "
+                       "FROM generations WHERE run_id = ? AND regexp_matches(episode_id, '^s[0-9]+:') "
+                       "ORDER BY step, episode_id, turn, turn_step, role <> 'caller', role, call_index",
+                       [run_id]).fetchall() if _has(con, "generations") else []
+    episodes: dict[int, dict[str, list]] = {}
+    last: dict[tuple[str, str], int] = {}
+    for step, ep, role, _turn, _ts, _ci, prompt_len, generated in rows:
+        if step not in by_step:
+            continue
+        prev = last.get((ep, role))
+        last[(ep, role)] = prompt_len + generated
+        episodes.setdefault(step, {}).setdefault(ep, []).append(
+            (prompt_len if prev is None else max(0, prompt_len - prev), max(1, generated)))
+    config = {}
+    if meta and meta[1]:
+        config = meta[1] if isinstance(meta[1], dict) else json.loads(meta[1])
+    staleness = int((config.get("grpo") or {}).get("max_staleness", 0) or 0)
+    keep = sorted(k for k in by_step if k in episodes)
+    if not keep:
+        raise UsageError(f"run '{run_id}' stores no generations for its GRPO steps")
+    steps = [_groups(episodes[k]) for k in keep]
+    t = [by_step[k] for k in keep]
+    return Measured(run_id, staleness, steps, [x["step_s"] for x in t], [x["rollout_s"] for x in t],
+                    [x.get("update_s", 0.0) for x in t], [x.get("sync_s", 0.0) + x.get("load_s", 0.0) for x in t])
+
+
+def _has(con, table: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?",
+                            [table]).fetchone()[0])
+
+
+def _groups(episodes: dict[str, list]) -> Step:
+    """Episodes `s<k>:<task>#<i>` grouped by task, in order."""
+    groups: dict[str, list[Episode]] = {}
+    for ep, requests in sorted(episodes.items()):
+        groups.setdefault(ep.rsplit("#", 1)[0], []).append(tuple(requests))
+    return list(groups.values())
+
+
+def _lockstep_features(step: Step) -> list[float]:
+    """One lock-step batch's rollout time as a linear function of (decode_s, batch_s, prefill_s, tool_s)."""
+    eps = [e for g in step for e in g]
+    iters = extra = prefill = rounds = 0
+    for r in range(max(len(e) for e in eps)):
+        here = [e[r] for e in eps if r < len(e)]
+        lengths = [n for _, n in here]
+        iters += max(lengths)
+        extra += sum(lengths) - max(lengths)
+        prefill += sum(p for p, _ in here)
+        rounds += 1
+    return [iters, extra, prefill, rounds]
+
+
+def _nnls(rows: list[list[float]], target: list[float]) -> list[float]:
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a, b = np.array(rows, dtype=float), np.array(target, dtype=float)
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    x, _ = nnls(a / scale, b)
+    return list(x / scale)
+
+
+def fit(run: Measured) -> Costs:
+    """Costs fitted to a run's measured steps (non-negative least squares): each step's rollout against its
+    lock-step batch's iterations, extra sequences, prefill tokens and rounds; the update against its tokens."""
+    decode, batch, prefill, tool = _nnls([_lockstep_features(s) for s in run.steps], run.rollout_s)
+    tokens = [sum(n for g in s for e in g for _, n in e) for s in run.steps]
+    update, per_token = _nnls([[1.0, t] for t in tokens], run.update_s)
+    return Costs(*(float(x) for x in (decode, batch, prefill, tool, per_token, update)),
+                 float(sum(run.publish_s) / len(run.publish_s)))
+
+
+def validate(run: Measured, costs: Costs) -> dict[str, float]:
+    """The run's steps simulated under its own schedule (one actor, lock-step) against its measured mean step."""
+    result = simulate(run.steps, costs, Schedule(staleness=run.staleness))
+    measured = sum(run.step_s) / len(run.step_s)
+    return {"run": run.run_id, "staleness": run.staleness, "steps": len(run.steps), "measured_s": measured,
+            "simulated_s": float(result.mean_s), "error": float(result.mean_s / measured - 1),
+            "idle_share": float(result.idle_share)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Projection onto GPUs: published figures as inputs (docs/benchmarks.md names each).
+
+H100_HBM_BYTES_S = 3.35e12  # H100 SXM memory bandwidth (NVIDIA's data sheet): batch-1 decode reads every weight once
+PUBLISH_BYTES_S = 8e9  # verl checkpoint engine, ~8 GB/s over NCCL (anchors.md, scale.md)
+GENERATION_8B = 2478.0  # tok/s/GPU: NeMo-RL v0.5, Llama-3.1-8B, 16 H100, one step off-policy (anchors.md, scale.md)
+ON_POLICY_8B = 1581.0  # tok/s/GPU, the same, on-policy: 1/1581 = 1/generation + 1/update
+TRAIN_1_7B = 6250.0  # tok/s: TRL trainer-only Qwen3-1.7B 5.2k–7.3k on one GPU, the midpoint (anchors.md)
+CONCURRENCY = 64  # requests in flight per server (scale.md: the GPU configs' request concurrency)
+PREFILL_FLOPS = 0.4 * 989e12  # H100 bf16 dense peak (NVIDIA's data sheet) at 40%: prefill is compute-bound
+
+MODELS = {"Qwen3-1.7B": 2.03e9, "Qwen3-8B": 8.19e9}  # parameters
+
+
+def gpu_costs(model: str, gpus: int, tool_s: float = 0.0) -> tuple[Costs, dict[str, str]]:
+    """One actor GPU's serving costs and the learner's (on `gpus` GPUs of its own) for `model`, with how each
+    number was derived."""
+    params = MODELS[model]
+    weights = 2 * params  # bf16 bytes
+    generation = GENERATION_8B * MODELS["Qwen3-8B"] / params  # decode throughput scales with the weights read
+    update = 1 / (1 / ON_POLICY_8B - 1 / GENERATION_8B) if model == "Qwen3-8B" else TRAIN_1_7B
+    decode = weights / H100_HBM_BYTES_S
+    batch = (CONCURRENCY / generation - decode) / (CONCURRENCY - 1)
+    costs = Costs(decode_s=decode, batch_s=batch, prefill_s=2 * params / PREFILL_FLOPS, tool_s=tool_s,
+                  update_s_per_token=1 / (update * gpus), publish_s=weights / PUBLISH_BYTES_S)
+    inputs = {"decode at batch 1": f"{1 / decode:,.0f} tok/s (bf16 weights ÷ 3.35 TB/s H100 HBM)",
+              f"decode at batch {CONCURRENCY}": f"{generation:,.0f} tok/s/GPU (NeMo-RL 8B off-policy 2,478"
+                                                + (" × 8.19/2.03 params)" if model != "Qwen3-8B" else ")"),
+              "prefill": f"{1 / costs.prefill_s:,.0f} tok/s (2·params FLOPs at 40% of 989 TFLOP/s)",
+              "update": f"{update:,.0f} tok/s per learner GPU, as many learner GPUs as actor GPUs ("
+                        + ("NeMo-RL 8B: 1/1581 − 1/2478)" if model == "Qwen3-8B" else "TRL 1.7B 5.2k–7.3k, midpoint)"),
+              "publish": f"{costs.publish_s:.2f} s (bf16 weights at 8 GB/s, verl checkpoint engine)"}
+    return costs, inputs
+
+
+def workload(run: Measured, steps: int, groups: int, tokens: int, prompt: int, seed: int) -> list[Step]:
+    """`steps` steps of `groups` groups drawn (seeded) from the run's groups, each request's generated and prefill
+    tokens scaled so their means are `tokens` and `prompt`: the run's turn counts and spread, at GPU lengths."""
+    pool = [g for s in run.steps for g in s]
+    reqs = [r for g in pool for e in g for r in e]
+    gen_scale = tokens / (sum(n for _, n in reqs) / len(reqs))
+    pre_scale = prompt / max(1e-9, sum(p for p, _ in reqs) / len(reqs))
+    rng = random.Random(seed)
+    return [[[tuple((round(p * pre_scale), max(1, round(n * gen_scale))) for p, n in e) for e in rng.choice(pool)]
+             for _ in range(groups)] for _ in range(steps)]
+
+
+def project(run: Measured, gpus: tuple[int, ...] = (1, 4, 8), steps: int = 8, groups: int = 32, tokens: int = 256,
+            prompt: int = 512, seed: int = 0, tool_s: float = 0.0) -> tuple[list[dict], dict[str, dict[str, str]]]:
+    """Each model × actor GPUs × rollout mode: steady step time under staleness 0, 1 and 2, with the idle share
+    and utilisations of the synchronous schedule."""
+    work = workload(run, steps, groups, tokens, prompt, seed)
+    rows, inputs = [], {}
+    for model in MODELS:
+        for n in gpus:
+            costs, inputs[model] = gpu_costs(model, n, tool_s)
+            for per_episode in (False, True):
+                slots = min(CONCURRENCY, -(-sum(len(g) for g in work[0]) // n))
+                base = Schedule(per_episode=per_episode, actors=n, queue=per_episode, slots=slots)
+                out = {"model": model, "gpus": n, "mode": "per-episode, queue" if per_episode else "lock-step, split"}
+                for k in (0, 1, 2):
+                    r = simulate(work, costs, replace(base, staleness=k))
+                    out[f"s{k}"] = r.steady_s(k + 1)
+                    if k == 0:
+                        out.update(idle=r.idle_share, actor_util=r.actor_util, learner_util=r.learner_util)
+                rows.append(out)
+    return rows, inputs

@@ -1,0 +1,91 @@
+"""The pipeline model (`envace.bench.pipeline`, `envace bench pipeline`): its schedules on hand-built steps, and
+the command on the committed fixture store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envace.bench.pipeline import Costs, Schedule, simulate
+from envace.errors import UsageError
+
+FIXTURE = Path(__file__).with_name("fixtures") / "golden" / "store"
+COSTS = Costs(decode_s=0.01, batch_s=0.002, prefill_s=0.0001, tool_s=0.05, update_s_per_token=0.001, update_s=0.2,
+              publish_s=0.1)
+
+
+def steps(*episodes, n: int = 1, group: int = 1):
+    """`n` identical steps whose episodes (lists of requests) are grouped `group` to a group."""
+    eps = [tuple(e) for e in episodes]
+    return [[eps[i:i + group] for i in range(0, len(eps), group)] for _ in range(n)]
+
+
+def test_sync_step_of_one_episode_is_generation_plus_update_plus_publish():
+    episode = [(100, 20), (30, 5)]
+    r = simulate(steps(episode), COSTS, Schedule())
+    generation = sum(p * COSTS.prefill_s + n * COSTS.decode_s + COSTS.tool_s for p, n in episode)
+    update = COSTS.update_s + 25 * COSTS.update_s_per_token
+    assert r.step_s == [pytest.approx(generation + update + COSTS.publish_s)]
+
+
+def test_per_episode_never_slower_than_lock_step_and_faster_when_lengths_differ():
+    same = steps([(10, 8)] * 3, [(10, 8)] * 3, [(10, 8)] * 3, n=2)
+    differ = steps([(10, 40)], [(10, 4)] * 6, [(10, 8), (10, 30), (10, 2)], n=2)
+    for work in (same, differ):
+        lock = simulate(work, COSTS, Schedule()).mean_s
+        free = simulate(work, COSTS, Schedule(per_episode=True)).mean_s
+        assert free <= lock + 1e-9
+    lock, free = (simulate(differ, COSTS, Schedule(per_episode=p)) for p in (False, True))
+    assert free.mean_s < lock.mean_s and free.idle_share < lock.idle_share
+
+
+def test_staleness_one_overlaps_generation_and_update():
+    costs = Costs(decode_s=0.01, update_s=1.5, publish_s=0.0)
+    work = steps([(0, 100)], n=10)  # generation 1.0 s, update 1.5 s
+    sync = simulate(work, costs, Schedule())
+    ahead = simulate(work, costs, Schedule(staleness=1))
+    assert sync.steady_s(1) == pytest.approx(2.5)
+    assert ahead.steady_s(2) == pytest.approx(max(1.0, 1.5))
+    gen_bound = simulate(work, Costs(decode_s=0.03, update_s=1.0), Schedule(staleness=1))
+    assert gen_bound.steady_s(2) == pytest.approx(3.0)
+
+
+def test_a_work_queue_beats_a_static_split_when_one_actor_is_slow():
+    work = steps(*([[(0, 10)]] * 16), n=3, group=1)
+    base = Schedule(actors=2, slots=2, per_episode=True, speeds=(1.0, 4.0))
+    split = simulate(work, COSTS, Schedule(**{**base.__dict__, "queue": False}))
+    queue = simulate(work, COSTS, base)
+    assert queue.mean_s < split.mean_s
+
+
+@pytest.mark.parametrize("bad", [dict(decode_s=-1.0), dict(publish_s=float("nan"))])
+def test_a_negative_or_non_finite_cost_is_a_usage_error(bad):
+    with pytest.raises(UsageError, match="must be a finite number >= 0"):
+        Costs(**bad)
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from envace.cli import main
+
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_bench_pipeline_on_the_fixture_store_prints_the_validation_row(capsys):
+    code, out, _ = _cli(capsys, "bench", "pipeline", "cut", "--root", str(FIXTURE))
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith("│ cut"))
+    assert "%" in row and "measured s/step" in out
+
+
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
+    import shutil
+
+    code, out, err = _cli(capsys, "bench", "pipeline", "cut", "--root", str(FIXTURE), "--publish-s", "-1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--publish-s" in err
+    store = tmp_path / "store"
+    shutil.copytree(FIXTURE / "cut", store / "cut", ignore=shutil.ignore_patterns("metrics"))
+    code, out, err = _cli(capsys, "bench", "pipeline", "cut", "--root", str(store))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "no GRPO steps" in err
