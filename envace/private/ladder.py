@@ -51,6 +51,7 @@ from envace.errors import UsageError
 from envace.fidelity import canonical
 from envace.private.memory import attempt_lines, parse_memory, transcript_memory
 from envace.private.rehearsal import PrivateRehearsal
+from envace.private.sweep import counts
 
 NONE = "none"  # N = 0: the baseline cell of every model
 RUNGS = ("empty", "reference", "real", "rehearsed", "select")
@@ -119,15 +120,7 @@ def parse_rungs(text: str) -> list[str]:
 
 
 def parse_seeds(text: str | None, default: int) -> list[int]:
-    if text is None:
-        return [default]
-    try:
-        seeds = sorted({int(s) for s in text.split(",") if s.strip()})
-    except ValueError:
-        raise UsageError(f"--seeds takes comma-separated integers, got '{text}'") from None
-    if not seeds or seeds[0] < 0:
-        raise UsageError(f"--seeds: integers >= 0, got '{text}'")
-    return seeds
+    return [default] if text is None else counts(text, "--seeds")
 
 
 def base_config(cfg: RolloutConfig, rungs: list[str]) -> RolloutConfig:

@@ -40,13 +40,18 @@ def parse_grid(models: list[str], modes: str, budgets: str) -> tuple[dict[str, s
     mode_list = [m.strip() for m in modes.split(",") if m.strip()]
     if not mode_list or any(m not in ("parallel", "sequential") for m in mode_list):
         raise UsageError(f"--modes takes parallel and/or sequential, got '{modes}'")
+    return named or {"base": "default"}, mode_list, counts(budgets, "--budgets")
+
+
+def counts(text: str, flag: str) -> list[int]:
+    """Comma-separated integers >= 0 (budgets, seeds), sorted and distinct; anything else one UsageError."""
     try:
-        budget_list = sorted({int(b) for b in budgets.split(",") if b.strip()})
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise UsageError(f"--budgets takes comma-separated integers, got '{budgets}'") from None
-    if not budget_list or budget_list[0] < 0:
-        raise UsageError(f"budgets must be >= 0, got '{budgets}'")
-    return named or {"base": "default"}, mode_list, budget_list
+        raise UsageError(f"{flag} takes comma-separated integers, got '{text}'") from None
+    if not values or values[0] < 0:
+        raise UsageError(f"{flag}: integers >= 0, got '{text}'")
+    return values
 
 
 def cells(models: dict[str, str], modes: list[str], budgets: list[int]) -> list[Cell]:
