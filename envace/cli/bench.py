@@ -121,23 +121,8 @@ def _seconds(flag: str):
     return parse
 
 
-def register(sub) -> None:
-    """bench, and a subcommand per benchmark."""
-    benches = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)").add_subparsers(
-        dest="what", required=True)
-
-    p = benches.add_parser("rollout", help="the engine's tokens/s against raw batched model.generate")
-    _episodes(p)
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
-                   help="vllm: the engine on a vLLM server against the engine on HF and the server's raw "
-                        "completions (default: hf)")
-    p.set_defaults(func=cmd_bench_rollout)
-
-    p = benches.add_parser("rehearsal", help="rehearse+shadow against real on the same episodes, then rehearsal "
-                                             "and metric throughput")
-    _episodes(p)
-    p.set_defaults(func=cmd_bench_rehearsal)
-
+def _train(benches) -> None:
+    """bench train: one GRPO step's update under each packing, side by side."""
     p = with_root(benches.add_parser("train", help="one GRPO step's update under row, chain and tree packing, "
                                                    "side by side"))
     _model(p)
@@ -161,11 +146,9 @@ def register(sub) -> None:
                    "the longest chain sequence)")
     p.set_defaults(func=cmd_bench_train)
 
-    p = benches.add_parser("private", help="cost per committed turn of private rehearsal at each N, batched and not")
-    _episodes(p)
-    p.add_argument("--budgets", default="1,2", help="imagined attempts N to measure (default: 1,2)")
-    p.set_defaults(func=cmd_bench_private)
 
+def _pipeline(benches) -> None:
+    """bench pipeline: the simulated steps, checked against stored runs, and the GPU projection."""
     p = with_root(benches.add_parser("pipeline", help="a simulation of GRPO steps (generation, update, publish; "
                                                       "sync or ahead, lock-step or per-episode, N actors) checked "
                                                       "against stored runs' steps, and projected onto GPUs"))
@@ -187,6 +170,33 @@ def register(sub) -> None:
                    "prefilled per request in the projection (default: 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the projection's draw of groups (default: 0)")
     p.set_defaults(func=cmd_bench_pipeline)
+
+
+def register(sub) -> None:
+    """bench, and a subcommand per benchmark."""
+    benches = sub.add_parser("bench", help="performance benchmarks (ratios measured side by side)").add_subparsers(
+        dest="what", required=True)
+
+    p = benches.add_parser("rollout", help="the engine's tokens/s against raw batched model.generate")
+    _episodes(p)
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                   help="vllm: the engine on a vLLM server against the engine on HF and the server's raw "
+                        "completions (default: hf)")
+    p.set_defaults(func=cmd_bench_rollout)
+
+    p = benches.add_parser("rehearsal", help="rehearse+shadow against real on the same episodes, then rehearsal "
+                                             "and metric throughput")
+    _episodes(p)
+    p.set_defaults(func=cmd_bench_rehearsal)
+
+    _train(benches)
+
+    p = benches.add_parser("private", help="cost per committed turn of private rehearsal at each N, batched and not")
+    _episodes(p)
+    p.add_argument("--budgets", default="1,2", help="imagined attempts N to measure (default: 1,2)")
+    p.set_defaults(func=cmd_bench_private)
+
+    _pipeline(benches)
 
     p = benches.add_parser("store", help="the app's queries on a large synthetic store (workbench/bench.py)")
     p.add_argument("--runs", type=int, default=50, help="runs in the synthetic store (default: 50)")
