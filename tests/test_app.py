@@ -223,6 +223,10 @@ def edit_launch_form(browser, url: str):
     # one folded group per TOML table, the job's own open; widgets by type, a changed value marked
     groups = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".launch-table button.label-wrap")]
     assert any(g.startswith("[train] ·") for g in groups) and any(g.startswith("[train.rollout] ·") for g in groups)
+    for table in ("[train.policy] ·", "[train.grpo] ·"):  # folded: opened as a user opens them
+        next(e for e in browser.find_elements(By.CSS_SELECTOR, ".launch-table button.label-wrap")
+             if e.text.startswith(table)).click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#launch-train-grpo-lr input"))
     assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-policy-lora input[type=checkbox]")
     assert browser.find_elements(By.CSS_SELECTOR, "#launch-train-grpo-algorithm input")  # a dropdown of its choices
     assert "● steps" in browser.find_element(By.ID, "launch-train-grpo-steps").text  # the file sets 2
