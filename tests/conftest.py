@@ -69,6 +69,19 @@ class DriftingRehearser(ReferencePolicy):
         return real[: -len("}\n</execution_result>")] + ', "invented_by_rehearser": 1}\n</execution_result>'
 
 
+@pytest.fixture()
+def browser(tmp_path):
+    """Headless Debian chromium driven by selenium (never a downloaded browser), for the app's browser tests."""
+    from apps.screenshots import CHROMIUM, DRIVER, chromium
+
+    if not (CHROMIUM.exists() and DRIVER.exists()):
+        pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
+                    "and chromium-driver where it can)")
+    driver = chromium(tmp_path / "profile")
+    yield driver
+    driver.quit()
+
+
 @pytest.fixture(scope="session")
 def store(tmp_path_factory, bfcl, tiny):
     """A real store: a scripted shadow rollout with drifting rehearsals (`scripted`), a scripted caller whose

@@ -8,7 +8,7 @@ import pytest
 from gradio_client import Client
 
 from apps.app import KIND_COLUMNS, serve
-from apps.screenshots import CHROMIUM, DRIVER, TABS, chromium, follow_link, landings, open_tab, shoot, toasts
+from apps.screenshots import TABS, follow_link, landings, open_tab, shoot, toasts
 
 
 def _free_port() -> int:
@@ -139,17 +139,6 @@ def test_the_app_binds_localhost_only(app_url):
         with socket.socket() as s:
             s.settimeout(2)
             assert s.connect_ex((address, port)) != 0, address
-
-
-@pytest.fixture()
-def browser(tmp_path):
-    """Headless Debian chromium driven by selenium (never a downloaded browser)."""
-    if not (CHROMIUM.exists() and DRIVER.exists()):
-        pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
-                    "and chromium-driver where it can)")
-    driver = chromium(tmp_path / "profile")
-    yield driver
-    driver.quit()
 
 
 @pytest.mark.heavy

@@ -3,13 +3,13 @@ wrote, drawn as its paired table and its per-turn diagnosis; and a store without
 names the command that fills it."""
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+from test_app import _free_port
 
 from apps.app import serve
-from apps.screenshots import CHROMIUM, DRIVER, chromium, follow_link, open_tab, toasts
+from apps.screenshots import follow_link, open_tab, toasts
 
 pytestmark = pytest.mark.heavy  # a browser, and the default model playing a small ladder
 
@@ -38,12 +38,6 @@ memory_tokens = 48
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ladder_store(tmp_path_factory):
     """A store holding a ladder the default model played (N = 0, the empty block, the reference and the rehearsed
@@ -60,17 +54,6 @@ def ladder_store(tmp_path_factory):
     assert main(["private-ladder", "--name", "ladder", "--models", "base=default", "--rungs",
                  "empty,reference,rehearsed", "--config", str(config), "--root", str(root)]) == 0
     return root
-
-
-@pytest.fixture()
-def browser(tmp_path):
-    """Headless Debian chromium driven by selenium (never a downloaded browser)."""
-    if not (CHROMIUM.exists() and DRIVER.exists()):
-        pytest.skip(f"NO BROWSER TEST: {CHROMIUM} or {DRIVER} is missing (`make test` installs Debian's chromium "
-                    "and chromium-driver where it can)")
-    driver = chromium(tmp_path / "profile")
-    yield driver
-    driver.quit()
 
 
 def _served(root):

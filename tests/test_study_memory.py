@@ -7,68 +7,19 @@ import json
 import re
 
 import pytest
+from test_study import STUDY as PLAIN
 
 from envace.cli import main
 from envace.study.config import Study
 from envace.study.run import _sizes, own_sft_stage
 
-STUDY = """
-[study]
-floor_sizes = []
-seeds = [0]
-arms = ["envace", "memory"]
-pool_tasks = 2
-screen_group_size = 2
-pool_max = 2
-world_model_limit = 1
-private_budgets = [0, 1]
-private_modes = ["parallel"]
-private_seeds = [0]
-memory_sft = "rehearsed"
-
-[rollout]
-unit = "turn"
-max_turn_calls = 1
-limit = 3
-model = "tiny"
-max_new_tokens = "auto"
-max_steps_per_turn = "auto"
-
-[rollout.rehearser]
-fewshot = "other_tasks"
-max_new_tokens = 16
-
-[rollout.private]
-max_steps = 1
-memory_tokens = 8
-
-[train]
-model = "tiny"
-
-[train.policy]
-lora = true
-lora_rank = 4
-
-[train.sft]
-tasks = 1
-epochs = 1
-lr = 3e-3
-rows_per_step = 8
-
-[train.grpo]
-steps = 1
-lr = 1e-3
-
-[train.rollout]
-unit = "turn"
-max_turn_calls = 1
-group_size = 2
-max_new_tokens = "auto"
-max_steps_per_turn = "auto"
-
-[train.rollout.rehearser]
-max_new_tokens = 16
-"""
+# test_study's tiny study, one seed, with the memory arm beside envace and one GRPO step
+STUDY = (PLAIN.replace('floor_sizes = [1, 2]\nseeds = [0, 1]\narms = ["envace", "control", "random"]',
+                       'floor_sizes = []\nseeds = [0]\narms = ["envace", "memory"]')
+         .replace("private_seeds = [0]\n", 'private_seeds = [0]\nmemory_sft = "rehearsed"\n')
+         .replace("\nsteps = 2\n", "\nsteps = 1\n"))
+assert 'arms = ["envace", "memory"]' in STUDY and "memory_sft" in STUDY and "\nsteps = 1\n" in STUDY, \
+    "test_study's STUDY changed: update these edits"
 
 
 def test_the_memory_arm_retrains_sft_with_memory_rows_then_runs_grpo_as_envace(tmp_path):
