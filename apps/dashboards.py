@@ -5,6 +5,8 @@ draw."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import gradio as gr
 import pandas as pd
 
@@ -72,6 +74,36 @@ def _intervals(frame: pd.DataFrame) -> pd.DataFrame:
                          **{world_model.LABELS[m]: c for m, c in cells.items()}})
 
 
+def _ladder_section(wb: Workbench) -> tuple[gr.Dropdown, Callable, list]:
+    """The ladder's part of the Private rehearsal tab: its picker, the function that draws a ladder, and what it
+    draws into (its note, the paired comparisons, the per-turn diagnosis)."""
+    gr.Markdown("### The ladder: why a memory helps or hurts (`envace private-ladder`)\n"
+                "The same turns and seeds with no memory (N = 0), the empty block, a memory of the turn's gold "
+                "(reference), of the imagined attempt played on a copy of the real state (real), today's rehearsed "
+                "memory, and select.")
+    ladder_note = gr.Markdown(elem_id="ladder-note")
+    ladder = gr.Dropdown(label="ladder", choices=[], value=None, allow_custom_value=True, elem_id="ladder-run")
+    comparisons = gr.Dataframe(label="each rung against N = 0 and against the rehearsed memory, paired by turn "
+                                     "(95% interval resampled by task; p-values Holm-adjusted over the table)",
+                               interactive=False, wrap=True, elem_id="ladder-table")
+    diagnosed = gr.Dataframe(label="per turn: the memory changed the committed first action / the committed call "
+                                   "copies an imagined one / fidelity of the answers it was written from",
+                             interactive=False, elem_id="ladder-diagnosis")
+    @shown_errors
+    def draw_ladder(ladder_id):
+        hidden = gr.Dataframe(visible=False), gr.Dataframe(visible=False)
+        if not ladder_id:  # no placeholder tables: the note says what fills them
+            return empty_note("private-rehearsal ladder", "ladder"), *hidden
+        frame = wb.ladder(ladder_id)
+        if frame.empty:
+            return (f"**Ladder `{ladder_id}` has no rung paired with its N = 0 cell yet**; its cells are still "
+                    "playing. This page picks them up as they complete."), *hidden
+        return "", gr.Dataframe(ladder_table(frame), visible=True), \
+            gr.Dataframe(rounded(wb.ladder_diagnosis(ladder_id)), visible=True)
+
+    return ladder, draw_ladder, [ladder_note, comparisons, diagnosed]
+
+
 def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                   tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button, gr.State, gr.Dropdown]:
     """Success against the private budget N, the ladder of memories that tells why it helps or hurts, and one
@@ -85,18 +117,7 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         metric = gr.Radio(["success_rate", "checklist", "well_formed_rate"], value="checklist", label="metric")
     curves = gr.Plot()
     cells = gr.Dataframe(label="cells", interactive=False, max_height=200)
-    gr.Markdown("### The ladder: why a memory helps or hurts (`envace private-ladder`)\n"
-                "The same turns and seeds with no memory (N = 0), the empty block, a memory of the turn's gold "
-                "(reference), of the imagined attempt played on a copy of the real state (real), today's rehearsed "
-                "memory, and select.")
-    ladder_note = gr.Markdown(elem_id="ladder-note")
-    ladder = gr.Dropdown(label="ladder", choices=[], value=None, allow_custom_value=True, elem_id="ladder-run")
-    comparisons = gr.Dataframe(label="each rung against N = 0 and against the rehearsed memory, paired by turn "
-                                     "(95% interval resampled by task; p-values Holm-adjusted over the table)",
-                               interactive=False, wrap=True, elem_id="ladder-table")
-    diagnosed = gr.Dataframe(label="per turn: the memory changed the committed first action / the committed call "
-                                   "copies an imagined one / fidelity of the answers it was written from",
-                             interactive=False, elem_id="ladder-diagnosis")
+    ladder, draw_ladder, drawn = _ladder_section(wb)
     gr.Markdown("### A committed turn: what it imagined, what it wrote down, what it did")
     run = gr.Dropdown(label="run with private rehearsal", choices=[], value=None, allow_custom_value=True)
     turns = gr.Dataframe(label="rehearsed turns (click one)", interactive=False, max_height=200,
@@ -114,18 +135,6 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         frame = wb.sweep(sweep_id)
         return "", gr.Plot(figures.budget_curves(frame, metric), visible=True), gr.Dataframe(rounded(frame),
                                                                                              visible=True)
-
-    @shown_errors
-    def draw_ladder(ladder_id):
-        hidden = gr.Dataframe(visible=False), gr.Dataframe(visible=False)
-        if not ladder_id:  # no placeholder tables: the note says what fills them
-            return empty_note("private-rehearsal ladder", "ladder"), *hidden
-        frame = wb.ladder(ladder_id)
-        if frame.empty:
-            return (f"**Ladder `{ladder_id}` has no rung paired with its N = 0 cell yet**; its cells are still "
-                    "playing. This page picks them up as they complete."), *hidden
-        return "", gr.Dataframe(ladder_table(frame), visible=True), \
-            gr.Dataframe(rounded(wb.ladder_diagnosis(ladder_id)), visible=True)
 
     @shown_errors
     def list_turns(run_id):
@@ -149,9 +158,9 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     pickers = [sweep, run, ladder]
     # the ladder is drawn once its picker holds the page's pick: a draw of the empty picker the page opened with,
     # finishing late, would cover it with the empty note
-    app.load(choices, pickers, pickers).then(draw_ladder, ladder, [ladder_note, comparisons, diagnosed])
+    app.load(choices, pickers, pickers).then(draw_ladder, ladder, drawn)
     timer.tick(choices, pickers, pickers)
-    gr.on([tab.select, ladder.change], draw_ladder, ladder, [ladder_note, comparisons, diagnosed], api_name="ladder")
+    gr.on([tab.select, ladder.change], draw_ladder, ladder, drawn, api_name="ladder")
     gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
