@@ -187,8 +187,12 @@ def _loss_peak_mib(scored: int) -> float:
 @pytest.mark.heavy
 def test_the_losss_peak_memory_does_not_grow_with_vocabulary_times_length():
     """The loss once held ~5 fp32 [scored × vocab] tensors: 2.9 GiB per 1k scored tokens at this vocabulary."""
-    torch.set_num_threads(1)
-    short, long = _loss_peak_mib(256), _loss_peak_mib(2048)  # measured here: ~600 and ~640 MiB
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # peaks of one thread's buffers; restored, or every later test here runs on one
+    try:
+        short, long = _loss_peak_mib(256), _loss_peak_mib(2048)  # measured here: ~600 and ~640 MiB
+    finally:
+        torch.set_num_threads(threads)
     full_logits = 2048 * QWEN3_VOCAB * 4 / 2**20  # one fp32 [scored × vocab] tensor: 1,187 MiB
     # Before: ~5 such tensors at once, 5.9 GiB, growing by 5.2 GiB from the short pack to the long one.
     assert long < full_logits and long - short < 0.1 * full_logits, (short, long)

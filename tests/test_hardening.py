@@ -15,7 +15,8 @@ from envace.envs.validate import check_arguments, check_call
 from envace.errors import UsageError
 from envace.types import ToolCall
 
-MANY = settings(max_examples=10_000, deadline=None, suppress_health_check=list(HealthCheck))
+# 5,000 random strings a parser: every failure class found with 10,000 was found by 5,000 (half the suite's time)
+MANY = settings(max_examples=5_000, deadline=None, suppress_health_check=list(HealthCheck))
 
 HOSTILE = [
     "1" * 4301,  # past Python's int-string limit
