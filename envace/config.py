@@ -242,6 +242,10 @@ class RolloutConfig(Config):
                      "default")
     group_size: int = doc("rollouts per task (GRPO's G)", 1)
     batch_size: int = doc("episodes advanced together; one store shard per batch", 8)
+    episode_loop: Literal["lockstep", "per_episode"] = doc(
+        "how a batch's episodes advance: lockstep (one backend call per step and role, every episode waiting for "
+        "the slowest) | per_episode (each on its own thread, its next request sent as soon as its last answer is "
+        "in; served backends only, whose server batches whatever is in flight)", "lockstep")
     max_steps_per_turn: int | Literal["auto"] = doc(
         "caller messages per user turn before the episode is cut (BFCL: 20); auto = the turn's gold calls + 1", 20)
     max_new_tokens: int | Literal["auto"] = doc(
@@ -807,6 +811,9 @@ class TrainConfig(Config):
                              "external user model is for rollout, eval and the suite)")
         if self.rollout.report_to != "none":
             raise UsageError("rollout.report_to: a training run mirrors its metrics with report_to under [train]")
+        if self.rollout.episode_loop == "per_episode" and self.rollout.backend != "vllm" and not self.serving.servers:
+            raise UsageError("rollout.episode_loop: per_episode needs served rollouts (rollout.backend = vllm, or "
+                             "serving.servers); the in-process HF backend plays in lockstep")
 
     @property
     def trained_roles(self) -> tuple[str, ...]:

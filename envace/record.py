@@ -46,7 +46,7 @@ def score(ep: Episode, mode: str, phase: str = "rollout") -> dict[str, Any]:
         "private_tokens": sum(m["caller_tokens"] + m["rehearser_tokens"] + m["summariser_tokens"]
                               for m in ep.memories),
         "imagined_steps": sum(m["imagined_steps"] for m in ep.memories),
-        "context_ids": ep.ids, "wall_s": ep.wall_s,
+        "context_ids": ep.ids, "wall_s": ep.wall_s, "wait_s": ep.wait_s,
         "started_at": ep.started_at, "ended_at": ep.started_at + ep.wall_s,
     }
 

@@ -62,6 +62,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("context_ids", pa.list_(pa.int32())),  # final caller context; generations.prompt_len indexes into it
         ("wall_s", pa.float64()),         # this episode's own seconds, start to end (its batch's in older shards)
         ("started_at", pa.float64()), ("ended_at", pa.float64()),  # epoch seconds (NULL in older shards)
+        # of wall_s, the seconds it sat with its next request ready while other episodes' work ran (lock-step's
+        # waits for the slowest; ~0 under episode_loop = per_episode): SUM(wait_s) / SUM(wall_s) is the idle
+        # share of episode slots (`engine.episode.idle_share`); NULL in older shards
+        ("wait_s", pa.float64()),
     ]),
     # One row per model generation of any role: a caller message, the rehearsal of one call, a simulated
     # user's message. The unit of training: what the trainer used is stored with it, never re-derived.

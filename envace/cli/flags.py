@@ -12,10 +12,10 @@ from envace.config import PrivateOptions, RolloutConfig, choices, load_toml, tom
 from envace.errors import UsageError
 
 ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model", "group_size", "batch_size",
-                 "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed", "on_parse_error",
-                 "decision_sample", "tool_docs", "user_model", "user_max_new_tokens", "max_user_turns", "backend",
-                 "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls", "report_to",
-                 "rehearser_model", "shadow_turns")
+                 "episode_loop", "max_steps_per_turn", "max_new_tokens", "temperature", "top_p", "seed",
+                 "on_parse_error", "decision_sample", "tool_docs", "user_model", "user_max_new_tokens",
+                 "max_user_turns", "backend", "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls",
+                 "report_to", "rehearser_model", "shadow_turns")
 _PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
                   "private_memory": "memory", "measure_change": "measure_change"}  # flag → field of [rollout.private]
 _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",

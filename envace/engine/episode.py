@@ -76,6 +76,9 @@ class Episode:
     started_at: float = field(default_factory=time.time)  # the run's clock, for timelines
     ended: float | None = None  # perf_counter when it terminated (`RolloutEngine.play`): its own wall time, not
     # its batch's, so an episode done after one turn is not charged the slowest one's
+    # seconds of it in flight with its next request ready, held back by other episodes' work: its generations'
+    # `held_s` (finished before the rest of their backend call) and the loop's phases it had no part in (`idle_share`)
+    wait_s: float = 0.0
     demo: list[dict[str, Any]] | None = None  # the caller's worked example, re-rendered with a memory
     open_turn: bool = False  # the current user turn awaits its private-rehearsal memory before rendering
     # the current turn's first caller message, already written by the imagined attempt private rehearsal chose
@@ -89,6 +92,7 @@ class Episode:
         """Keep one generation of `role` at the episode's current turn and step."""
         row = Generated(role, self.turn, self.turn_step, gen, prompt_len, **fields)
         self.generations.append(row)
+        self.wait_s += gen.held_s or 0.0
         return row
 
     @property
@@ -98,6 +102,14 @@ class Episode:
 
     def of_role(self, role: str) -> list[Generated]:
         return [g for g in self.generations if g.role == role]
+
+
+def idle_share(episodes: list[Episode]) -> float | None:
+    """The idle share of episode slots: of the seconds episodes were in flight, the share they sat with their next
+    request ready while the loop waited on other episodes (`Episode.wait_s`). Near 0 in the per-episode loop; in
+    lock-step, what the slowest episode of each step costs the others. None for no time at all."""
+    wall = sum(ep.wall_s for ep in episodes)
+    return sum(ep.wait_s for ep in episodes) / wall if wall > 0 else None
 
 
 @dataclass(frozen=True)

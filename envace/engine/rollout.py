@@ -9,6 +9,10 @@
         the world answers every pending call of every episode (`worlds.World.answer`)
         the answers are appended to each caller context as token ids; the episode waits on the caller again
 
+Every episode waits here for the slowest one of its step (`Episode.wait_s`: its share of the phases it had no
+part in, and of backend calls it had finished first). On served backends `episode_loop = "per_episode"` plays
+this loop for one episode at a time instead, each on its own thread (`per_episode.py`).
+
 Who answers a call is the world's business alone (real environment, rehearser, both, a mix), and what
 happens before a user turn is the hook's; the engine only plays the turns. Generated ids are appended
 verbatim (token-in-token-out), so step k+1's prompt starts with step k's prompt and completion (across user
@@ -30,6 +34,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Protocol
 
@@ -37,6 +42,7 @@ from envace.config import RolloutConfig
 from envace.engine.episode import Episode, Pending
 from envace.engine.examples import ExampleBank
 from envace.engine.past_thinking import drop_past_thinking
+from envace.engine.per_episode import play_each
 from envace.engine.prompts import ChatRenderer
 from envace.engine.sampler import Sampler
 from envace.engine.user import UserSimulator
@@ -231,9 +237,13 @@ class RolloutEngine:
     # -- the batched loop ---------------------------------------------------------------------------
 
     def run_batch(self, batch: list[tuple[Task, int]]) -> list[Episode]:
-        """Play a batch of (task, group index) episodes to the end; return them, finished."""
+        """Play a batch of (task, group index) episodes to the end; return them, finished. `episode_loop` says how:
+        all together in lock-step (`play`), or each on its own thread (`per_episode.play_each`)."""
         episodes = [self.start(task, g) for task, g in batch]
-        self.play(episodes)
+        if self.config.episode_loop == "per_episode":
+            play_each(self, episodes)
+        else:
+            self.play(episodes)
         self.world.finish()
         return episodes
 
@@ -242,7 +252,9 @@ class RolloutEngine:
         while True:
             opening = [ep for ep in episodes if ep.open_turn and ep.termination is None]
             if opening:
-                for ep, memory in zip(opening, self.before_turn.memories(self, opening), strict=True):
+                with _holding(episodes, opening):
+                    memories = self.before_turn.memories(self, opening)
+                for ep, memory in zip(opening, memories, strict=True):
                     self.open(ep, memory)
             for ep in episodes:
                 if ep.termination is None and self.max_context and \
@@ -250,7 +262,9 @@ class RolloutEngine:
                     ep.termination = "context_exceeded"
             users = [ep for ep in episodes if ep.awaiting_user and ep.termination is None]
             if users:
-                for ep in self.users.respond(users):
+                with _holding(episodes, users):
+                    opened = self.users.respond(users)
+                for ep in opened:
                     self.open(ep)
                 continue
             now = time.perf_counter()
@@ -264,8 +278,9 @@ class RolloutEngine:
             pending = [(ep, calls) for ep, gen in zip(waiting, gens, strict=True)
                        if (calls := self._on_generation(ep, gen))]
             if pending:
-                answers = iter(self.world.answer([Pending(ep, i, c) for ep, calls in pending
-                                                  for i, c in enumerate(calls)]))
+                with _holding(episodes, [ep for ep, _ in pending]):
+                    answers = iter(self.world.answer([Pending(ep, i, c) for ep, calls in pending
+                                                      for i, c in enumerate(calls)]))
                 for ep, calls in pending:
                     self._on_answers(ep, calls, [next(answers) for _ in calls])
             if self.on_step:
@@ -288,3 +303,18 @@ class RolloutEngine:
         size = self.config.batch_size
         for i in range(0, len(items), size):
             yield items[i: i + size]
+
+
+@contextmanager
+def _holding(episodes: list[Episode], busy: list[Episode]) -> Iterator[None]:
+    """A phase of the loop that only `busy` take part in: every other episode still playing waits through it, its
+    next request ready (`Episode.wait_s`). With one episode (the per-episode loop's) nothing waits."""
+    taking_part = {id(ep) for ep in busy}
+    held = [ep for ep in episodes if ep.termination is None and id(ep) not in taking_part]
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds = time.perf_counter() - started
+        for ep in held:
+            ep.wait_s += seconds

@@ -14,7 +14,9 @@
 
 A new world is a class, not a branch in the engine. The CLI's modes map to worlds in one place
 (`envace.build.world_for`). Worlds compose: `Shadow(DynaMix(...), RealWorld())` answers each call once in each
-world (a call the mix already sent to the real environment is not executed twice).
+world (a call the mix already sent to the real environment is not executed twice). A world's random draws go
+through `streams.draws`: its own generator, or under the per-episode loop the episode's, so that no episode's
+draws depend on another's timing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from envace import fidelity
+from envace.engine import streams
 from envace.engine.episode import Episode, Pending
 from envace.engine.prompts import ChatRenderer
 from envace.engine.rehearser import Rehearsal, Rehearser
@@ -109,7 +112,8 @@ class DynaMix(World):
         self.touches_env = fraction > 0
 
     def answer(self, pending: list[Pending]) -> list[Answer]:
-        to_real = [self.rng.random() < self.fraction for _ in pending]
+        rng = streams.draws(self.rng)  # the episode's own under the per-episode loop
+        to_real = [rng.random() < self.fraction for _ in pending]
         return _merge(to_real, self.real.answer([p for p, r in zip(pending, to_real, strict=True) if r]),
                       self.rehearsed.answer([p for p, r in zip(pending, to_real, strict=True) if not r]))
 
@@ -136,7 +140,7 @@ class Forks:
 
     def maybe(self, pair: dict[str, Any], base: list[int], fed: list[ToolResult], i: int, real: ToolResult,
               rehearsed: ToolResult, task_uid: str = "") -> None:
-        if self.rng.random() >= self.share:
+        if streams.draws(self.rng).random() >= self.share:
             return
 
         def swapped(result: ToolResult) -> list[int]:
@@ -182,7 +186,7 @@ class Shadow(World):
 
     def _shadowed(self, ep: Episode) -> bool:
         if ep.shadowed is None:
-            ep.shadowed = self.share >= 1 or self.rng.random() < self.share
+            ep.shadowed = self.share >= 1 or streams.draws(self.rng).random() < self.share
         return ep.shadowed
 
     def answer(self, pending: list[Pending]) -> list[Answer]:

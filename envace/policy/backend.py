@@ -8,7 +8,7 @@ that server returns text, so there the ids are the local tokenizer's encoding of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -31,7 +31,11 @@ class SamplingParams:
 class Generation:
     """One completion: its token ids (through the stop token when it stopped), text and finish reason; the sampled
     tokens' log-probabilities, and the temperature and top-p they were sampled at (`engine.sampler.Sampler` records
-    them; None when generated outside it). The learner reads both (`training.grpo.aligned`)."""
+    them; None when generated outside it). The learner reads both (`training.grpo.aligned`).
+
+    `elapsed_s` is the backend's own seconds on this one completion, where each prompt is its own request (a served
+    backend), and `held_s` the seconds it then sat finished while the rest of its call's prompts were still being
+    generated (`Sampler`): an episode's share of waiting for others (`Episode.wait_s`). Neither is compared."""
 
     ids: list[int]
     text: str
@@ -39,10 +43,16 @@ class Generation:
     logprobs: list[float] | None = None
     temperature: float | None = None
     top_p: float | None = None
+    elapsed_s: float | None = field(default=None, compare=False)
+    held_s: float | None = field(default=None, compare=False)
 
 
 class Backend(Protocol):
-    """Anything that turns a batch of prompts (token ids) into completions."""
+    """Anything that turns a batch of prompts (token ids) into completions.
+
+    A backend that may be called from several threads at once says so with a class attribute `concurrent = True`
+    (a served one: every prompt is an HTTP request); the per-episode loop (`engine.per_episode`) refuses others.
+    """
 
     tokenizer: object
     calls: int  # generate() calls so far; the rollout engine makes one per step and role

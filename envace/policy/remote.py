@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -30,6 +31,8 @@ T, R = TypeVar("T"), TypeVar("R")
 
 
 class RemoteBackend:
+    concurrent = True  # every prompt is its own request: the per-episode loop may call it from many threads
+
     def __init__(self, urls: list[str], model: str, tokenizer, timeout_s: float = 600.0,
                  concurrency: int = 256, servers: list | None = None) -> None:
         self.urls = [u.rstrip("/") for u in urls]
@@ -100,7 +103,9 @@ class RemoteBackend:
                 "return_tokens_as_token_ids": True}
         if seed is not None:
             body["seed"] = seed
+        started = time.perf_counter()
         answer = request(f"{url}/completions", body, self.timeout_s)
+        elapsed = time.perf_counter() - started
         try:
             choice = answer["choices"][0]
             ids = list(choice["token_ids"])
@@ -111,7 +116,7 @@ class RemoteBackend:
         if stopped and (not ids or ids[-1] != self.end):  # the stop token closes the message, as HF's output does
             ids.append(self.end)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Generation(ids, text, "stop" if stopped else "length", logprobs[: len(ids)])
+        return Generation(ids, text, "stop" if stopped else "length", logprobs[: len(ids)], elapsed_s=elapsed)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.calls += 1

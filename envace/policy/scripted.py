@@ -39,6 +39,7 @@ class ReferencePolicy:
     """
 
     max_context: int | None = None  # replays text: no context window to respect
+    concurrent = True  # keeps nothing between calls but a count and the prompts seen: threads may call it at once
 
     def __init__(self, tokenizer, tasks: list[Task], caller_text: str | None = None,
                  rehearsal_text: str | None = None) -> None:

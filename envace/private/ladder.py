@@ -332,6 +332,8 @@ class Attempts(PrivateRehearsal):
     its attempts played against copies of the real state (`real`) or against the rehearser with the same calls run
     on copies beside it (`rehearsed`, `select`: the fidelity pairs; none where the state cannot be copied)."""
 
+    concurrent = False  # a call's attempts, seed and copies are kept on the hook: one episode at a time
+
     def __init__(self, options: PrivateOptions, rehearser: Rehearser | None, rung: str) -> None:
         super().__init__(options, rehearser)
         self.rung = rung

@@ -21,6 +21,7 @@ rehearser (the policy, or `rehearser_model`). Budget 0 never gets here: the plai
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -39,11 +40,26 @@ from envace.types import Role
 
 
 class PrivateRehearsal:
-    """Writes one rehearsal memory per episode opening a turn; see the module docstring."""
+    """Writes one rehearsal memory per episode opening a turn; see the module docstring.
+
+    Safe to call from several threads at once (`concurrent`, the per-episode loop): each call imagines in a
+    sub-engine of its own, and the rehearser that judges a thread's attempts is that thread's (`imagining`).
+    """
+
+    concurrent = True
 
     def __init__(self, options: PrivateOptions, rehearser: Rehearser | None = None) -> None:
         self.options, self.rehearser = options, rehearser  # the engine's rehearser (None: the policy's own)
-        self.imagining: Rehearser | None = None  # the last sub-engine's rehearser (`_sub_engine`)
+        self._local = threading.local()
+
+    @property
+    def imagining(self) -> Rehearser | None:
+        """This thread's last sub-engine's rehearser (`_sub_engine`)."""
+        return getattr(self._local, "imagining", None)
+
+    @imagining.setter
+    def imagining(self, rehearser: Rehearser | None) -> None:
+        self._local.imagining = rehearser
 
     def wants(self, ep: Episode) -> bool:
         return self.options.scope == "turn" or ep.turn == 0
@@ -53,8 +69,9 @@ class PrivateRehearsal:
         config = replace(engine.config, mode="rehearse", real_fraction=0.0, shadow_fraction=0.0,
                          max_steps_per_turn=o.max_steps, temperature=o.temperature, private=PrivateOptions(),
                          decision_sample=0.0, embedding=False,
-                         seed=engine.config.seed * 7_919 + engine.sampler.calls)
-        sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed)
+                         seed=engine.config.seed * 7_919 + engine.sampler.position)
+        # the engine's clock: the attempts' backend time is the job's generation time
+        sampler = Sampler(engine.sampler.backend, config.temperature, config.top_p, config.seed, engine.sampler.clock)
         rehearser = self.rehearser.reseeded(sampler, config.rehearser, config.frozen_rehearser) if self.rehearser \
             else Rehearser(sampler, engine.renderer, engine.examples, config.rehearser,
                            frozen=config.frozen_rehearser, is_error=engine.benchmark.is_error,
@@ -122,7 +139,6 @@ class PrivateRehearsal:
                 else:
                     memory[i] = text
         chosen = self._choose(episodes, played, cost) if o.memory == "select" else [{} for _ in episodes]
-        engine.sampler.generation_s += sub.sampler.generation_s
         changed = self._decision_changed(engine, episodes, memory) if o.measure_change else [None] * len(episodes)
         wall = (time.perf_counter() - started) / len(episodes)  # the phase is shared by the episodes batched in it
         for i, ep in enumerate(episodes):
