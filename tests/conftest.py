@@ -13,18 +13,6 @@ from envace.policy.scripted import ReferencePolicy
 from envace.policy.tiny import build_tiny
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread():
-    """Torch in this process on one thread. The suite's models are tiny, and most tests run a server, Ray workers,
-    a browser or a CLI subprocess beside this process: two OpenMP threads then spin against them. Measured on this
-    2-core machine under load (tiny model, 20 updates + 5 generations): 2.2-2.4 s on one thread, 9.5-10.9 s on two;
-    the default model's 32 greedy tokens: 3.8-3.9 s against 14.7-21.3 s. `real_store` takes both cores back."""
-    import torch
-
-    torch.set_num_threads(1)
-    yield
-
-
 def in_ci() -> bool:
     """CI sets CI=true: there a missing part of the test environment is a failure, never a skip."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
@@ -196,22 +184,11 @@ def real_store(tmp_path_factory):
     all in places): a BFCL real+shadow rollout (`demo`), a training run with shadow pairs and evaluations
     (`train`), a private-rehearsal sweep (`sw`), the world-model benchmark on one gold call (`world-model`) and a
     τ² conversation with the simulated user (`tau2`)."""
+    from envace.cli import main
+
     reuse = os.environ.get("ENVACE_REAL_STORE")  # a store this fixture wrote before: saves ~8 min when iterating
     if reuse:
         return Path(reuse)
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the default model, with nothing else running yet: both cores (`one_torch_thread`)
-    try:
-        return _write_real_store(tmp_path_factory)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _write_real_store(tmp_path_factory) -> Path:
-    from envace.cli import main
-
     root = tmp_path_factory.mktemp("real")
     config = root.parent / "real.toml"
     config.write_text(REAL_CONFIG)
