@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from envace.envs.bfcl.schemas import class_docs, data_dir, jsonl, openai_types, to_openai_tool
@@ -100,7 +100,28 @@ def load_tasks(category: str, split: str = Split.TEST, limit: int | None = None,
                          f"{', '.join(CATEGORIES + single.CATEGORIES + memory.CATEGORIES)})")
     if split not in tuple(Split):
         raise UsageError(f"unknown split '{split}' (choose from train, test, all)")
+    entries, _ = _raw(category)
+    chosen = [i for i, e in enumerate(entries)
+              if split == Split.ALL or split_of(int(e["id"].rsplit("_", 1)[1])) == split]
+    return [_fresh(_built(category, i)) for i in chosen[offset: None if limit is None else offset + limit]]
+
+
+@cache
+def _built(category: str, index: int) -> Task:
+    """Item `index` of a category, built once per process: converting its tool schemas and replaying its gold
+    calls is most of a load's time, and a run loads the same tasks many times (its pool, its example bank, its
+    evaluation, each stage of a study). Never handed out itself: see `_fresh`."""
     entries, answers = _raw(category)
-    chosen = [e for e in entries if split == Split.ALL or split_of(int(e["id"].rsplit("_", 1)[1])) == split]
-    chosen = chosen[offset: None if limit is None else offset + limit]
-    return [_build(copy.deepcopy(e), answers[e["id"]], category) for e in chosen]
+    entry = entries[index]
+    return _build(copy.deepcopy(entry), answers[entry["id"]], category)
+
+
+def _fresh(task: Task) -> Task:
+    """A task a caller may change as if it had been built for it: its own lists and dicts, its own copy of the BFCL
+    item and gold answer (the checker and the environment read them). Tool schemas and replayed reference steps,
+    which nothing changes, are shared with the cached task."""
+    payload = {**task.payload, "entry": copy.deepcopy(task.payload["entry"]),
+               "ground_truth": copy.deepcopy(task.payload["ground_truth"])}
+    return replace(task, tools=list(task.tools), user_turns=list(task.user_turns),
+                   reference=[list(steps) for steps in task.reference], payload=payload,
+                   tools_added={turn: list(tools) for turn, tools in task.tools_added.items()})
