@@ -1,6 +1,8 @@
 import json
+from dataclasses import replace
 
 from envace.envs.base import Environment
+from envace.envs.bfcl import data
 from envace.envs.bfcl.calls import parse_call_string, to_call_string
 from envace.envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, split_of
 from envace.envs.bfcl.data import CATEGORIES as MULTI_TURN
@@ -138,3 +140,18 @@ def test_call_strings_round_trip_without_eval():
     assert call == ToolCall("sort", {"file_name": "final_report.pdf"})
     assert to_call_string(ToolCall("mv", {"source": "a'b", "n": [1, None, True]})) == \
         "mv(source=\"a'b\", n=[1, None, True])"
+
+
+def test_a_task_loaded_twice_is_built_once_and_each_load_may_change_its_own(bfcl):
+    """`load_tasks` builds an item once per process (`data._built`): a second load gives equal tasks, and what a
+    caller changes in one (its lists, its item, its gold answer) is not seen by the next load."""
+    first = bfcl.load_tasks("multi_turn_base", "test", limit=2)
+    first[0].user_turns.append("one more")
+    first[0].reference[0].clear()
+    first[0].payload["entry"]["initial_config"].clear()
+    first[0].payload["ground_truth"][0].append("ls()")
+    first[0].tools.pop()
+    again = bfcl.load_tasks("multi_turn_base", "test", limit=2)
+    fresh = [replace(t, reference=data.replay_reference(t)) for t in again]  # gold calls replayed anew
+    assert again == fresh and again[1] == first[1] and again[0] != first[0]
+    assert again[0].payload["entry"]["initial_config"] and again[0].user_turns[-1] != "one more"
