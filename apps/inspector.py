@@ -56,14 +56,15 @@ def exported(wb: Workbench, run_id: str | None, episode_id: str | None) -> gr.Fi
 
 def view_html(wb: Workbench, run_id: str, episode_id: str, roles: list[str], tokens: str | None) -> str:
     """One episode as a transcript (with what private rehearsal imagined before each turn it rehearsed), and the
-    token view below it when asked for."""
+    token view below it when asked for; marked with its run (`data-run`: runs share episode ids)."""
     steps = wb.steps(run_id, episode_id)
     body = episode_html(steps, wb.calls(run_id, episode_id), tuple(roles), episode_id,
                         wb.private_turns(run_id, episode_id))
-    if tokens in (None, "off", False):
-        return body
-    shown = steps[steps["role"].isin(roles)] if roles else steps
-    return body + tokens_html(shown, wb.tokenizer(run_id), "advantage" if tokens == "advantage" else "logprob")
+    if tokens not in (None, "off", False):
+        shown = steps[steps["role"].isin(roles)] if roles else steps
+        body += tokens_html(shown, wb.tokenizer(run_id), "advantage" if tokens == "advantage" else "logprob")
+    return f'<div data-run="{escape(run_id)}">{body}</div>'
+
 
 
 def step(frame: pd.DataFrame | None, current: str | None, by: int) -> str | None:
@@ -145,7 +146,9 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
                at_step]
     run.change(kinds, run, error_kind)
     for control in filters:
-        control.change(list_episodes, [*filters, episode], [episodes, episode])
+        listing = control.change(list_episodes, [*filters, episode], [episodes, episode])
+        if control is run:  # runs share episode ids: the open id may stay while the episode it names changed
+            listing.then(show, [run, episode, roles, token_view], [view, group])
     tool.submit(list_episodes, [*filters, episode], [episodes, episode])
     episodes.select(pick, episodes, episode)
     previous.click(lambda frame, current: step(frame, current, -1), [episodes, episode], episode)

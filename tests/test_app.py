@@ -286,13 +286,16 @@ def real_app_url(real_store):
 @pytest.mark.heavy
 def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, real_store, browser, tmp_path):
     """The real default model's store in headless Chromium: every kind of episode of every run opens in the
-    Inspector (per run: the first episode, the first of each phase, the first privately rehearsed and the first
-    of a GRPO group: each view the Inspector draws once; every episode's HTML is rendered, whole, by
-    test_real_store's test_every_episode_of_every_run_renders) and every tab draws, with no error toast; a
-    screenshot of each tab is saved (ENVACE_SCREENSHOTS names the folder, e.g. docs/screenshots)."""
+    Inspector (per run, picked in its run menu: the first episode, the first of each phase, the first privately
+    rehearsed and the first of a GRPO group: each view the Inspector draws once; every episode's HTML is rendered,
+    whole, by test_real_store's test_every_episode_of_every_run_renders; a link to each kind of run lands on its
+    tab in test_links_open_the_tab_of_the_runs_kind…) and every tab draws, with no error toast; a screenshot of
+    each tab is saved (ENVACE_SCREENSHOTS names the folder, e.g. docs/screenshots)."""
     import os
 
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
     from workbench import Workbench
@@ -305,25 +308,36 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     grpo = {r: set(e.loc[e["phase"] == "grpo", "episode_id"]) for r in wb.runs_with("episodes")
             if len(e := wb.episodes(r))}
     assert rehearsed and grpo.get("train")
-    lands = landings(real_store)
+    runs = sorted(wb.runs_with("episodes"))
+    follow_link(browser, real_app_url, runs[0], landings(real_store)[runs[0]])  # one page load, then the menu
+    open_tab(browser, "Inspector")
+    menu = (By.CSS_SELECTOR, "#inspector-run input")
     kinds = set()
-    for run in sorted(wb.runs_with("episodes")):
+    for run in runs:
         listed = wb.episodes(run)
         expected = list(listed["episode_id"])
         first_of_phase = {phase: i for i, phase in reversed(list(enumerate(listed["phase"])))}
         rehearsed_rows = [i for i, e in enumerate(expected) if e in rehearsed.get(run, ())]
         grpo_rows = [i for i, e in enumerate(expected) if e in grpo.get(run, ())]
         picked = sorted({0, *first_of_phase.values(), *rehearsed_rows[:1], *grpo_rows[:1]})
-        follow_link(browser, real_app_url, run, lands[run])  # its own tab first, then the Inspector
-        open_tab(browser, "Inspector")
+        if browser.find_element(*menu).get_attribute("value") != run:  # the run picked as a user picks it
+            field = browser.find_element(*menu)
+            field.send_keys(Keys.CONTROL, "a")
+            field.send_keys(run, Keys.ENTER)
         for i in picked:
             episode = expected[i]
             cell = (By.CSS_SELECTOR, f"#inspector-episodes [data-testid='cell-{i}-0']")
-            # the first row waits for the page's load (the run's episodes listed from the store) as well
-            WebDriverWait(browser, 150 if i == 0 else 60).until(
-                lambda d, c=cell: d.find_elements(*c), message=f"{run}: no row {i} of {len(expected)} listed; "
-                "toasts " + str(toasts(browser))).__getitem__(0).click()
-            shown = (By.CSS_SELECTOR, f"#inspector-view [data-episode='{episode}']")
+
+            def listed_row(d, c=cell, want=episode):  # this run's row, not the previous run's still on screen
+                found = d.find_elements(*c)
+                return found[0] if found and found[0].text == want else None
+
+            # the first run's first row waits for the page's load (its episodes listed from the store) as well
+            WebDriverWait(browser, 150 if run == runs[0] else 60,
+                          ignored_exceptions=[StaleElementReferenceException]).until(
+                listed_row, message=f"{run}: row {i} of {len(expected)} is not {episode}; menu "
+                f"{browser.find_element(*menu).get_attribute('value')!r}, toasts {toasts(browser)}").click()
+            shown = (By.CSS_SELECTOR, f"#inspector-view [data-run='{run}'] [data-episode='{episode}']")
             WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
             assert toasts(browser) == [], (run, episode)
             if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
