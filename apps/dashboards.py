@@ -180,7 +180,8 @@ def ladder_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Radio, gr.Dataframe]:
-    """Curves of the runs picked (metric, x-axis, smoothing), the actors' timeline, the last step, and the first
+    """Curves of the runs picked (metric, x-axis, smoothing), the actors' timeline, the first run's episodes on the
+    wall clock (or, for a run stored before episodes kept their times, a note saying so), the last step, and the first
     run's episodes per step. Returns the run picker, the phase and the per-step table (a click opens that step's
     episodes)."""
     note = gr.Markdown(elem_id="training-note")
@@ -195,6 +196,7 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         x_axis = gr.Radio(list(figures.X_AXES), value="step", label="x-axis", scale=2, elem_id="training-x")
     curves = gr.Plot(elem_id="training-curves")
     timeline = gr.Plot(label="actors and learner (the first run picked)")
+    episode_bars = gr.Plot(label="episodes (the first run picked)", elem_id="training-episodes")
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
     by_step = gr.Dataframe(label="episodes per step (the first run picked; click a step to open its episodes)",
                            interactive=False, max_height=240, visible=False, elem_id="training-steps")
@@ -202,8 +204,8 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     @shown_errors
     def draw(run_ids, phase, smoothing, chosen, x):
         run_ids = [r for r in (run_ids or []) if r]
-        hidden = (gr.Plot(visible=False), gr.Plot(visible=False), gr.Dataframe(visible=False), gr.Dropdown(choices=[]),
-                  gr.Dataframe(visible=False))
+        hidden = (gr.Plot(visible=False), gr.Plot(visible=False), gr.Plot(visible=False), gr.Dataframe(visible=False),
+                  gr.Dropdown(choices=[]), gr.Dataframe(visible=False))
         if not run_ids:  # no empty plot, no placeholder table: the note says what fills them
             return empty_note("training runs", "train"), *hidden
         long = pd.concat([wb.training(r, phase).assign(run_id=r) for r in run_ids], ignore_index=True)
@@ -219,8 +221,13 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
         steps = wb.episodes_by_step(run_ids[0], phase) if phase != "sft" else pd.DataFrame()  # SFT plays none
-        return ("", gr.Plot(figures.training_curves(long, names, smoothing, phase, x), visible=True),
-                gr.Plot(spans, visible=spans is not None), gr.Dataframe(rounded(table.reset_index(), 4), visible=True),
+        bars = figures.episode_timeline(wb.episode_spans(run_ids[0], phase)) if not steps.empty else None
+        said = "" if bars is not None or steps.empty else (
+            f"`{run_ids[0]}` stored no start and end times for its {phase} episodes (it was written before episodes "
+            "kept them): no episode timeline for it.")
+        return (said, gr.Plot(figures.training_curves(long, names, smoothing, phase, x), visible=True),
+                gr.Plot(spans, visible=spans is not None), gr.Plot(bars, visible=bars is not None),
+                gr.Dataframe(rounded(table.reset_index(), 4), visible=True),
                 gr.Dropdown(choices=available, value=chosen), gr.Dataframe(rounded(steps), visible=not steps.empty))
 
     def choices(current, request: gr.Request):
@@ -230,9 +237,10 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
         running = set(wb.runs().query("status == 'running'")["run_id"])
-        return draw(run_ids, phase, smoothing, chosen, x) if set(run_ids or []) & running else (gr.skip(),) * 6
+        return draw(run_ids, phase, smoothing, chosen, x) if set(run_ids or []) & running else (gr.skip(),) * 7
 
-    inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, table, picked, by_step]
+    inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, episode_bars, table, picked,
+                                                                 by_step]
     gr.on([app.load, timer.tick], choices, runs, runs)
     gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
           inputs, outputs, api_name="training")

@@ -90,9 +90,13 @@ def test_the_dashboards_draw_from_the_real_store(app_url, store):
     note, curves, cells = (_shown(v) for v in client.predict("sw", "checklist", api_name="/budget_curves"))
     budget = cells["headers"].index("budget")
     assert curves and sorted(r[budget] for r in cells["data"]) == [0, 1]
-    note, curves, spans, last, picked, steps = client.predict(["trained"], "grpo", 0.5, [], "step",
-                                                              api_name="/training")
-    curves, spans, last, steps = _shown(curves), _shown(spans), _shown(last), _shown(steps)
+    note, curves, spans, bars, last, picked, steps = client.predict(["trained"], "grpo", 0.5, [], "step",
+                                                                    api_name="/training")
+    curves, spans, bars, last, steps = _shown(curves), _shown(spans), _shown(bars), _shown(last), _shown(steps)
+    episodes = Workbench(store).episode_spans("trained")  # one bar per GRPO episode, in the steps' colours
+    bar_traces = [t for t in json.loads(bars["plot"])["data"] if t.get("orientation") == "h"]
+    assert sum(len(t["x"]) for t in bar_traces) == len(episodes) > 0
+    assert [t["name"] for t in bar_traces] == [f"step {s + 1}" for s in sorted(set(episodes["step"]))]
     counts = Workbench(store).episodes_by_step("trained")  # the episodes per GRPO step a click opens
     assert [r[:2] for r in steps["data"]] == [[s, n] for s, n in zip(counts["step"], counts["episodes"], strict=True)]
     assert len(steps["data"]) == 2
@@ -109,14 +113,35 @@ def test_the_dashboards_draw_from_the_real_store(app_url, store):
     titles = {v.get("title", {}).get("text") for k, v in figure["layout"].items() if k.startswith("xaxis")}
     assert "SFT step" in titles and not any("GRPO" in str(t) for t in titles)  # its own axis, not GRPO's
     assert "epoch" not in [a["text"] for a in figure["layout"]["annotations"]]
-    note, curves, spans, last, _, steps = client.predict([], "grpo", 0, [], "step", api_name="/training")
+    note, curves, spans, bars, last, _, steps = client.predict([], "grpo", 0, [], "step", api_name="/training")
     assert "envace train" in note  # one empty-state rule: what is missing, what makes it, and nothing empty drawn
-    assert all(part.get("visible") is False for part in (curves, spans, last, steps))
+    assert all(part.get("visible") is False for part in (curves, spans, bars, last, steps))
     note, curves, cells = client.predict(None, "checklist", api_name="/budget_curves")
     assert "envace sweep" in note and curves.get("visible") is False and cells.get("visible") is False
     turns = client.predict("sw-tiny-parallel-1", api_name="/rehearsed_turns")
     budget = turns["headers"].index("budget")
     assert turns["data"] and all(r[budget] == 1 for r in turns["data"])
+
+
+def test_a_run_stored_before_episodes_kept_their_times_says_so_in_training(tmp_path):
+    """The Training tab on the golden store (a training run written by an earlier release, whose episodes have no
+    start or end): its curves as ever, no episode timeline, and a note that says why."""
+    import shutil
+
+    from workbench import Workbench
+
+    root = tmp_path / "store"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "golden" / "store", root)
+    assert Workbench(root).episode_spans("cut").empty and not Workbench(root).episodes_by_step("cut").empty
+    port = _free_port()
+    app = serve(root, port=port, block=False)
+    try:
+        note, curves, _, bars, *_ = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
+            ["cut"], "grpo", 0, [], "step", api_name="/training")
+    finally:
+        app.close()
+    assert "stored no start and end times" in note and "cut" in note
+    assert _shown(curves) and bars.get("visible") is False
 
 
 def _shown(value):
@@ -409,6 +434,8 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
     wait.until(lambda d: "Training" in d.find_element(By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
                .text and "train" in d.find_element(By.ID, "training-runs").text)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-steps [data-testid='cell-0-0']"))
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#training-episodes .js-plotly-plot"),
+               message="no episode timeline in Training")  # the default model's episodes on the wall clock
     browser.find_element(By.XPATH, "//*[@id='training-x']//label[normalize-space()='tokens']").click()
     wait.until(lambda d: "tokens trained on" in d.find_element(By.ID, "training-curves").text)
     def only_loss(d) -> bool:

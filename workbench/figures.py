@@ -167,6 +167,38 @@ def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+def episode_timeline(spans: pd.DataFrame) -> go.Figure | None:
+    """Each episode of `Workbench.episode_spans` as a bar from its start to its end on the run's wall clock (a lane
+    per episode slot of its step, a colour per step), and beside it each step's idle share of episode slots:
+    Σ wait_s / Σ (end_s − start_s), the time episodes sat ready while other episodes' work ran
+    (`engine.episode.idle_share`: lock-step waits for the slowest, the per-episode loop does not). None when no
+    episode stored its times."""
+    if spans.empty:
+        return None
+    spans = spans.assign(wall=spans["end_s"] - spans["start_s"], slot=spans.groupby("step").cumcount())
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
+                        subplot_titles=["episodes on the wall clock (s since the first began)",
+                                        "idle share of episode slots"])
+    for step, rows in spans.groupby("step"):
+        fig.add_trace(go.Bar(y=rows["slot"], x=rows["wall"], base=rows["start_s"], orientation="h",
+                             name=f"step {step + 1}", text=[f"step {step + 1}"] * len(rows), textposition="inside",
+                             customdata=rows[["episode_id", "wait_s"]],
+                             hovertemplate="%{customdata[0]}: %{base:.1f} s → +%{x:.1f} s, waited "
+                                           "%{customdata[1]:.1f} s<extra></extra>"), row=1, col=1)
+    sums = spans.groupby("step")[["wait_s", "wall"]].sum()
+    idle = (sums["wait_s"] / sums["wall"]).where(sums["wall"] > 0)
+    fig.add_trace(go.Bar(x=idle.index + 1, y=idle.values, name="idle share", text=[f"{v:.0%}" for v in idle],
+                         textposition="outside"), row=1, col=2)
+    slots = int(spans["slot"].max()) + 1
+    _style(fig, "Where each episode's time went", "seconds", height=240 + 18 * slots)
+    fig.update_layout(showlegend=False)  # each bar says its step
+    fig.update_yaxes(title_text="episode slot", autorange="reversed", tickformat="d", dtick=1 if slots <= 24 else None,
+                     row=1, col=1)
+    fig.update_yaxes(range=[0, 1.15], tickformat=".0%", row=1, col=2)
+    fig.update_xaxes(title_text="step", tickformat="d", dtick=1, row=1, col=2)
+    return fig
+
+
 def fidelity_bars(by_tool: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",
                                                                      "error_agree")) -> go.Figure:
     """Per-tool fidelity of the rehearser against the real environment (the overall `all` row last)."""
