@@ -111,9 +111,9 @@ def test_each_episode_stores_its_own_wall_time_not_its_batchs(bfcl, reference_po
     policy = reference_policy([short, long])
     generate = policy.generate
 
-    def slow(prompts, params):  # every backend call takes a while, as a model's would
-        time.sleep(0.05)
-        return generate(prompts, params)
+    def slow(prompts, params):  # every backend call takes a while, as a model's would: long enough (~2.5 s for the
+        time.sleep(0.25)  # long episode) that a pause of the test process (one whole-suite run saw the one-message
+        return generate(prompts, params)  # episode timed at 0.98 s against 0.56 s with 0.05 s here) cannot flip them
 
     policy.generate = slow
     quits = reference_policy([short], corrupt="I cannot help with that.")
