@@ -3,7 +3,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from envace.envs.base import Environment
@@ -237,6 +237,9 @@ def _expressions(depth: int):
 
 
 @settings(max_examples=3_000, deadline=None, suppress_health_check=list(HealthCheck))
+@example("0(*0)")  # a lone unpacking of what is not iterable: CPython's own message (found by this test)
+@example("()(*1.5)")
+@example("0(*())")
 @given(st.one_of(_expressions(4),
                  st.text(alphabet="0123456789+-*/(). ", max_size=24).filter(lambda t: "**" not in t),
                  st.integers(1, 5_000).map(lambda n: "+".join(["1"] * n)),

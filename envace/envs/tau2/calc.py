@@ -92,13 +92,17 @@ def _value(root: ast.AST) -> Any:
                 stack += [(node, True), (node.operand, False)]
                 continue
             values.append(_UNARY[type(node.op)](values.pop()))
-        elif isinstance(node, ast.Call) and not node.keywords and not any(isinstance(a, ast.Starred)
-                                                                          for a in node.args):
+        elif isinstance(node, ast.Call) and not node.keywords and (
+                len(node.args) == 1 or not any(isinstance(a, ast.Starred) for a in node.args)):
+            args = [a.value if isinstance(a, ast.Starred) else a for a in node.args]  # `f(*x)`: x, then unpacked
             if not children_done:  # `(2)(3)`: the callee and its arguments first, as Python evaluates them
-                stack += [(node, True), *((a, False) for a in reversed(node.args)), (node.func, False)]
+                stack += [(node, True), *((a, False) for a in reversed(args)), (node.func, False)]
                 continue
-            del values[len(values) - len(node.args):]
+            given = values[len(values) - len(args):]
+            del values[len(values) - len(args):]
             callee = values.pop()  # a number, a tuple or Ellipsis: none of them is callable
+            if args and isinstance(node.args[0], ast.Starred) and not isinstance(given[0], tuple):
+                raise TypeError(f"{callee} argument after * must be an iterable, not {type(given[0]).__name__}")
             raise TypeError(f"'{type(callee).__name__}' object is not callable")
         else:
             raise ValueError("Invalid expression")
