@@ -10,6 +10,11 @@ class UsageError(Exception):
     """Bad user input (unknown name, missing path, malformed config). Message is one clear line."""
 
 
+class Stopped(Exception):
+    """A job stopped by a fault it cannot work around (a learner rank of a Ray run died): one `stopped: …` line
+    saying what happened and how to go on, exit 1, never a traceback; what it stored stays, `--resume` continues."""
+
+
 def run_main(body: Callable[[], int]) -> int:
     """`body()`'s exit code; bad input (`UsageError`) is one `error: …` line on stderr and exit 2, argparse's code
     for it, never a traceback."""

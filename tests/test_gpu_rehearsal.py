@@ -14,9 +14,12 @@ import ast
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -662,10 +665,25 @@ def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tm
 
 @pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")
-def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path):
+def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path, monkeypatch):
     """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this
     machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
-    published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates."""
+    published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates.
+    At the end the actor is SIGKILLed while its `close()` is pending: its vLLM server and every process under it
+    go with it (no orphan holds a GPU: asserted by pid)."""
+    import ray
+
+    from envace.training.cluster import driver, workers
+
+    close, tree = driver.close_workers, []
+
+    def close_with_actor_killed(actors, ranks, timeout_s=60.0):
+        pid = ray.get(actors[0].where.remote())[1]
+        tree.extend([pid, *_descendants(pid)])
+        threading.Timer(0.1, os.kill, (pid, signal.SIGKILL)).start()  # close() is sent, and waits on a dead actor
+        close(actors, ranks, timeout_s)
+
+    monkeypatch.setattr(driver, "close_workers", close_with_actor_killed)
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
                  "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2",
                  "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=1",
@@ -680,5 +698,37 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
                            "GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0)]
     assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
-    assert not list(Path(tempfile.gettempdir()).glob("envace-actor*"))  # and leave with it
+    assert len(tree) >= 3, tree  # the actor, its vLLM server and the server's engine process
+    deadline = time.monotonic() + 60
+    while (alive := [p for p in tree if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in alive]
+    # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
+    [left] = Path(tempfile.gettempdir()).glob(f"envace-actor0-pid{tree[0]}-*")
+    mine = Path(tempfile.mkdtemp(prefix=f"envace-actor9-pid{os.getpid()}-"))  # a live actor's
+    assert left in workers.sweep_actor_folders() and not left.exists() and mine.exists()
+    mine.rmdir()
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children, theirs, …), read from /proc."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone while read
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [p for p, pp in parent.items() if pp in frontier]
+        found += frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return False

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,14 @@ def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
                  "--set", f"grpo.steps={steps}", *STALE, *extra])
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")  # a zombie is gone
+
+
 def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(runs / name / "checkpoint" / "model.safetensors")
 
@@ -80,7 +89,7 @@ def _stored_once(con, run: str, steps: int) -> int:
 
 
 @pytest.mark.heavy
-def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster, monkeypatch, capsys):
+def test_two_nodes_survive_a_killed_actor_stop_on_a_dead_learner_rank_and_resume_exactly(cluster, monkeypatch, capsys):
     import ray
 
     from envace.training.cluster import driver
@@ -114,9 +123,28 @@ def test_two_nodes_async_steps_survive_a_killed_actor_and_resume_exactly(cluster
     shown = capsys.readouterr().out
     assert "actor 1 playing its share" in shown and "actors restarted" in shown and "0: 1, 1: 2" in shown
 
-    # --resume under Ray: two steps, then the third from state.pt, equal to the run whose actor died
+    # a learner rank killed before the third update (rank 0 then waits on it in the update's collective): the run
+    # stops in one line, exit 1, marked interrupted; `--resume` goes on from the state saved after step 2 and ends
+    # where the run whose actor died did
     monkeypatch.setattr(driver.RemoteActors, "play", play)
-    assert _train(address, runs, "cut", 2, *TWO_NODES) == 0
+    update, updates = driver.RemoteLearner.update, []
+
+    def update_with_rank_one_killed(self, rows, advantages):
+        updates.append(len(rows))
+        if len(updates) == 3:
+            _, pid = ray.get(self.handles[1].where.remote())
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        return update(self, rows, advantages)
+
+    monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
+    assert _train(address, runs, "cut", 3, *TWO_NODES) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("stopped: ray: learner rank ") and "in `update`" in said[-1], said
+    assert "--resume cut" in said[-1] and not any("Traceback" in line for line in said)
+    assert connect(runs).execute("SELECT status FROM runs WHERE run_id = 'cut'").fetchall() == [("interrupted",)]
+    monkeypatch.setattr(driver.RemoteLearner, "update", update)
     assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
                  "--set", "grpo.steps=3", *STALE, *TWO_NODES]) == 0
 

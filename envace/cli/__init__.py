@@ -13,7 +13,7 @@ import sys
 
 from envace.cli.parser import parse
 from envace.cli.stop import Terminated, install_stop_handlers
-from envace.errors import run_main
+from envace.errors import Stopped, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,9 @@ def _main(argv: list[str] | None) -> int:
     install_stop_handlers()
     try:
         return run_main(lambda: _run(sys.argv[1:] if argv is None else argv))
+    except Stopped as exc:  # a fault the job could not work around; the run is marked interrupted and resumes
+        print(f"stopped: {exc}", file=sys.stderr)
+        return 1
     except (KeyboardInterrupt, Terminated) as exc:
         # a step is stored whole or not at all (shards are renamed into place): nothing half-written remains
         print(f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}: every completed step is stored; "

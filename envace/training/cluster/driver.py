@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
+from envace.errors import Stopped
 from envace.store import Run
 from envace.training.actor import Played
 from envace.training.checkpoint import start_or_resume, write_files
@@ -210,24 +211,41 @@ def failure(exc: Exception) -> str:
 class RemoteLearner(BaseLearner):
     """The learner ranks as one `learner.Learner`: rank r updates on the groups of every r-th task."""
 
-    def __init__(self, cfg: TrainConfig, handles: list) -> None:
-        self.cfg, self.handles = cfg, handles
+    def __init__(self, cfg: TrainConfig, handles: list, run_id: str) -> None:
+        self.cfg, self.handles, self.run_id = cfg, handles, run_id
 
     def _all(self, method: str, *args) -> list:
+        return self.gather([getattr(h, method).remote(*args) for h in self.handles], method)
+
+    def gather(self, refs: list, what: str) -> list:
+        """Every rank's answer to one call, rank by rank as they come. A rank that died or raised stops the run
+        (`Stopped`, one line) at once: the other ranks wait for it in a collective that never ends (asking them in
+        turn would wait with them), and a rank's shard of an update is replayed by no other; the run's last saved
+        state (`grpo.save_every`) resumes it exactly."""
         import ray
 
-        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+        out, pending = [None] * len(refs), {ref: rank for rank, ref in enumerate(refs)}
+        while pending:
+            [ready], _ = ray.wait(list(pending), num_returns=1)
+            rank = pending.pop(ready)
+            try:
+                out[rank] = ray.get(ready)
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError,
+                    ray.exceptions.UnserializableException) as exc:
+                why = f"died ({type(exc).__name__})" if isinstance(exc, ray.exceptions.RayActorError) else \
+                    f"failed ({failure(exc)})"
+                raise Stopped(f"ray: learner rank {rank} {why} in `{what}`; the run stops, every step it saved is "
+                              f"kept: add `--resume {self.run_id}` to the same command to go on") from exc
+        return out
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
-        import ray
-
         order = list(dict.fromkeys(r.task_uid for r in rows))  # tasks in the order they were played
         rank_of = {uid: j % len(self.handles) for j, uid in enumerate(order)}
         refs = []
         for rank, h in enumerate(self.handles):
             picked = [i for i, r in enumerate(rows) if rank_of[r.task_uid] == rank]
             refs.append(h.update.remote([rows[i] for i in picked], [advantages[i] for i in picked]))
-        stats = ray.get(refs)
+        stats = self.gather(refs, "update")
         return {**stats[0], **{k: sum(s[k] for s in stats) for k in ADDITIVE if k in stats[0]}}
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -284,11 +302,11 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         say(f"ray: {len(actors)} actor(s) on " + ", ".join(named[: len(actors)]) + f"; a learner of {len(ranks)} "
             "rank(s) on " + ", ".join(named[len(actors):]))
         procs = Processes()  # the driver alone: world 1, writes everything
-        learner = RemoteLearner(cfg, ranks)
+        learner = RemoteLearner(cfg, ranks, run.run_id)
         t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
 
         def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics recorded here
-            nll, logged = ray.get([r.sft.remote() for r in ranks])[0]
+            nll, logged = learner.gather([r.sft.remote() for r in ranks], "sft")[0]
             for step, values in logged:
                 t.recorder.sft(step, values)
             return nll
@@ -298,14 +316,21 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         if cfg.eval.every and start == 0:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)
-        files = ray.get([r.checkpoint.remote() for r in ranks])[0]
+        files = learner.gather([r.checkpoint.remote() for r in ranks], "checkpoint")[0]
         summary["checkpoint"] = str(write_files(run.path / "checkpoint", files))
         say(f"saved {summary['checkpoint']}")
         t.recorder.close()
         return summary
     finally:
-        # close() stops an actor's vLLM server and removes its folder; an actor still busy in play() is killed after
-        # the timeout, and its server dies with its process (`vllm.launch`), so nothing outlives the run
-        ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=60)
-        for handle in actors + ranks:
-            ray.kill(handle, no_restart=True)
+        close_workers(actors, ranks)
+
+
+def close_workers(actors: list, ranks: list, timeout_s: float = 60.0) -> None:
+    """Let the workers go. `close()` stops an actor's vLLM server and removes its folder; an actor still busy in
+    `play()` (or killed while its `close()` waits) is killed after `timeout_s`, and its server dies with its process
+    (`vllm.launch`: the server's parent-death signal), so nothing outlives the run."""
+    import ray
+
+    ray.wait([a.close.remote() for a in actors], num_returns=len(actors), timeout=timeout_s)
+    for handle in actors + ranks:
+        ray.kill(handle, no_restart=True)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
+from envace.pids import alive
 from envace.policy.hf import HFBackend
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
@@ -58,6 +59,21 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+ACTOR_FOLDER = "envace-actor"  # + "<index>-pid<pid>-<random>", in the node's temporary folder
+
+
+def sweep_actor_folders(under: str | Path | None = None) -> list[Path]:
+    """Remove the folders of actors whose process is gone (one killed cannot remove its own: `close()` never ran);
+    each actor that starts on a node sweeps them, so a killed actor's adapters last until the next one starts."""
+    swept = []
+    for folder in Path(under or tempfile.gettempdir()).glob(f"{ACTOR_FOLDER}*-pid*-*"):
+        pid = folder.name.split("-pid", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            swept.append(folder)
+    return swept
+
+
 class ActorWorker:
     """Rollout actor `index`: a `RolloutActor` on its own copy of the policy (and its own vLLM server with
     `rollout.backend = vllm`). It plays only with the version the driver asks for: a restarted actor holds
@@ -70,7 +86,8 @@ class ActorWorker:
         model, tok, benchmark, bank = policy.model, policy.tok, policy.benchmark, policy.bank
         served, self.folder = None, None
         if serves:  # the server's log and pushed adapters: this actor's own folder
-            self.folder = Path(tempfile.mkdtemp(prefix=f"envace-actor{index}-"))
+            sweep_actor_folders()
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{ACTOR_FOLDER}{index}-pid{os.getpid()}-"))
             served = ServedPolicy.start(cfg.model, "", cfg.policy.lora_rank if cfg.policy.lora else None,
                                         cfg.policy.dtype, tok, self.folder, print, devices=actor_gpus(),
                                         gpu_memory=cfg.serving.share(shares_gpu=False))  # the actor's own GPUs
