@@ -669,13 +669,24 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this
     machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
     published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates.
-    At the end the actor is SIGKILLed while its `close()` is pending: its vLLM server and every process under it
-    go with it (no orphan holds a GPU: asserted by pid)."""
+    Faults: the actor's vLLM server is SIGKILLed half a second into step 2 (the actor's play fails, the driver
+    restarts the actor, which starts a server of its own, and replays the step: every group stored once); at the
+    end the actor is SIGKILLed while its `close()` is pending: its vLLM server and every process under it go with
+    it (no orphan holds a GPU: asserted by pid)."""
     import ray
 
     from envace.training.cluster import driver, workers
 
-    close, tree = driver.close_workers, []
+    play, close, killed, tree = driver.RemoteActors.play, driver.close_workers, [], []
+
+    def play_with_server_killed(self, step, tasks):
+        if step == 1 and not killed:
+            actor = ray.get(self.handles[0].where.remote())[1]
+            server = next(p for p in _descendants(actor) if b"vllm" in Path(f"/proc/{p}/cmdline").read_bytes()
+                          and _parent(p) == actor)
+            killed.extend([server, *_descendants(server)])
+            threading.Timer(0.5, os.kill, (server, signal.SIGKILL)).start()
+        return play(self, step, tasks)
 
     def close_with_actor_killed(actors, ranks, timeout_s=60.0):
         pid = ray.get(actors[0].where.remote())[1]
@@ -683,6 +694,7 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
         threading.Timer(0.1, os.kill, (pid, signal.SIGKILL)).start()  # close() is sent, and waits on a dead actor
         close(actors, ranks, timeout_s)
 
+    monkeypatch.setattr(driver.RemoteActors, "play", play_with_server_killed)
     monkeypatch.setattr(driver, "close_workers", close_with_actor_killed)
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
                  "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2",
@@ -696,11 +708,15 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     con = connect(tmp_path)
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "GROUP BY step ORDER BY step").fetchall()
-    assert versions == [(0, 0, 0), (1, 0, 0)]
+    assert versions == [(0, 0, 0), (1, 0, 0)]  # step 2 replayed with the version its first try had
+    assert con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes GROUP BY step "
+                       "ORDER BY step").fetchall() == [(0, 4, 4), (1, 4, 4)]  # 2 tasks × G = 2, each once
+    assert con.execute("SELECT sum(value) FROM metrics WHERE name = 'actor_restarts'").fetchall() == [(1,)]
+    assert killed and tree[0] not in killed  # the actor closed at the end is the restarted one
     assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
     assert len(tree) >= 3, tree  # the actor, its vLLM server and the server's engine process
     deadline = time.monotonic() + 60
-    while (alive := [p for p in tree if _alive(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in tree + killed if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in alive]
     # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
@@ -724,6 +740,10 @@ def _descendants(pid: int) -> list[int]:
         frontier = [p for p, pp in parent.items() if pp in frontier]
         found += frontier
     return found
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
 
 
 def _alive(pid: int) -> bool:

@@ -147,3 +147,32 @@ def test_a_server_dies_with_the_process_that_started_it_and_outlives_a_ctrl_c_to
     finally:
         if _running(server):
             os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_stopping_a_server_that_was_killed_stops_its_engine_process(stand_in, tmp_path, monkeypatch):
+    """A server killed (or crashed) runs no shutdown, and its engine process (vLLM's EngineCore, holding the model's
+    memory) lives on in the server's process group: `stop` ends the group all the same. The stand-in forks an
+    "engine" that sleeps, writes its pid, then sleeps itself."""
+    engine_pid = tmp_path / "engine.pid"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nsleep 120 &\necho $! > {engine_pid}\nexec sleep 120\n')
+    monkeypatch.setattr(vllm, "on_gpu", lambda: False)
+    server = vllm.launch(stand_in, "base", log_dir=tmp_path / "logs", gpu_memory=0.5)
+    deadline = time.time() + 10
+    while not engine_pid.exists() or not engine_pid.read_text().strip():
+        assert time.time() < deadline, "the stand-in did not start its engine"
+        time.sleep(0.02)
+    engine = int(engine_pid.read_text())
+    try:
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(10)
+        assert _running(engine)  # the orphan the server left
+        server.stop(grace_s=1)
+        deadline = time.time() + 5
+        while _running(engine) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _running(engine), "the killed server's engine process outlived stop()"
+    finally:
+        if _running(engine):
+            os.kill(engine, signal.SIGKILL)

@@ -153,6 +153,8 @@ def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600
         if exc.code >= 500:  # a server whose engine died, or one stopping, answers 5xx before it stops listening
             raise Refused(f"{url} failed while serving (answered {exc.code}): {detail}", exc.code) from None
         raise Refused(f"{url} answered {exc.code}: {detail}", exc.code) from None
+    except TimeoutError:  # connected, but no answer in time: a server stuck serving (or one that hangs)
+        raise UsageError(f"{url} did not answer within {timeout_s:g} s") from None
     except (urllib.error.URLError, OSError) as exc:
         raise UsageError(f"{url} is not reachable ({getattr(exc, 'reason', exc)})") from None
     try:
@@ -401,18 +403,21 @@ def _launch_child(command: list[str], log, env: dict[str, str]) -> subprocess.Po
 
 
 def _stop_child(process: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM, then SIGKILL to the whole group (vLLM's engine processes too) after `grace_s`."""
+    """SIGTERM (vLLM's clean shutdown), then SIGKILL to what is left of its process group after `grace_s`: vLLM's
+    engine processes outlive a server that did not stop in time, and one that was killed or crashed (no shutdown
+    ran: its EngineCore keeps its memory, a GPU's on a GPU, forever)."""
     _CHILDREN.discard(process)
     if process.poll() is None:
         process.terminate()
         try:
             process.wait(grace_s)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the group's id stays taken while a member lives: no stranger's
+    except ProcessLookupError:
+        pass  # the group is gone
+    process.wait()
 
 
 @atexit.register

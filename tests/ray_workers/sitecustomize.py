@@ -6,7 +6,8 @@ tests/test_ray.py (the simulated cluster's nodes are started with it; the test p
 - `ENVACE_TEST_FORBIDDEN=DIR`: any file operation under DIR (the driver's runs folder) raises: no worker may
   read or write a path of the driver's.
 - `ENVACE_TEST_PLAY_FAILS=MARKER`: while the file MARKER does not exist, the next actor to play step 2 (step 1)
-  creates it and raises the error a served backend raises when its vLLM server answers 503 (`play_fails_once`).
+  creates it and times out as a served backend does on a server that never answers (`play_fails_once`: the
+  backend's own request, 1 s, to a socket that accepts and stays silent).
 - `ENVACE_TEST_SLOW_ACTOR=FILE`: while FILE exists and holds "I S", Ray actor I sleeps S seconds a group before it
   plays (`slow_actor`): a slow actor for the work queue to route around.
 """
@@ -59,8 +60,8 @@ class _Patched(importlib.abc.MetaPathFinder):
 
 
 def play_fails_once(marker: str):
-    """`envace.training.actor` with `RolloutActor.play` raising once at step 1, where `marker` does not exist (made
-    atomically: of two actors playing step 1 at once, one fails)."""
+    """`envace.training.actor` with `RolloutActor.play` timing out once at step 1, where `marker` does not exist
+    (made atomically: of two actors playing step 1 at once, one fails)."""
 
     def patch(module) -> None:
         original = module.RolloutActor.play
@@ -71,11 +72,16 @@ def play_fails_once(marker: str):
                     os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
                 except FileExistsError:
                     pass
-                else:
-                    from envace.policy.vllm import Refused
+                else:  # the served backend's own request to a server that takes it and never answers
+                    import socket
 
-                    raise Refused("http://127.0.0.1:8000/v1/completions failed while serving (answered 503): "
-                                  "EngineDeadError", 503)
+                    from envace.policy.vllm import request
+
+                    with socket.socket() as silent:
+                        silent.bind(("127.0.0.1", 0))
+                        silent.listen(1)
+                        request(f"http://127.0.0.1:{silent.getsockname()[1]}/v1/completions", {"prompt": "x"},
+                                timeout_s=1.0)
             return original(self, step, tasks)
 
         module.RolloutActor.play = play

@@ -8,6 +8,7 @@ them on the CPU (`to_host`): the driver holds no CUDA tensor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -106,7 +107,19 @@ class ActorWorker:
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Version `version`, sent as CPU tensors: `RolloutActor.load` copies each into its parameter (`copy_`, onto
         the generator's device), so no CPU copy outlives the call."""
-        return self.actor.load(weights, version)
+        with self._closed_on_error():
+            return self.actor.load(weights, version)
+
+    @contextlib.contextmanager
+    def _closed_on_error(self):
+        """A call that raises closes the actor first: the driver kills it next (to be restarted), and no Python
+        cleanup runs in a killed process, so its server (dead, perhaps, with its engine processes alive) goes
+        now."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Stop the vLLM server and remove the actor's folder (before the driver lets the actor go)."""
@@ -121,13 +134,15 @@ class ActorWorker:
         if self.actor.version != version:
             return None
         self.actor.rank = chunk
-        return self.actor.play(step, tasks)
+        with self._closed_on_error():
+            return self.actor.play(step, tasks)
 
     def evaluate(self, updates: int, version: int, index: int, count: int):
         if self.actor.version != version:
             return None
-        return evaluate.play(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
-                             lambda tasks: list(tasks[index::count]))
+        with self._closed_on_error():
+            return evaluate.play(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
+                                 lambda tasks: list(tasks[index::count]))
 
 
 class LearnerRank:
