@@ -15,6 +15,8 @@ import importlib.util
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -90,7 +92,7 @@ def _stored_once(con, run: str, steps: int) -> int:
 
 
 @pytest.mark.heavy
-def test_two_nodes_survive_a_killed_actor_stop_on_a_dead_learner_rank_and_resume_exactly(cluster, monkeypatch, capsys):
+def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank(cluster, monkeypatch, capsys):
     import ray
 
     from envace.training.cluster import driver
@@ -124,31 +126,52 @@ def test_two_nodes_survive_a_killed_actor_stop_on_a_dead_learner_rank_and_resume
     shown = capsys.readouterr().out
     assert "actor 1 playing its share" in shown and "actors restarted" in shown and "0: 1, 1: 2" in shown
 
-    # a learner rank killed before the third update (rank 0 then waits on it in the update's collective): the run
-    # stops in one line, exit 1, marked interrupted; `--resume` goes on from the state saved after step 2 and ends
-    # where the run whose actor died did
+    # The same run, cut twice before it ends where "whole" did. First the driver (its own process) gets `kill -9`
+    # while step 2's work queue is half played (actor 1 five seconds a group slower): Ray ends the dead driver's
+    # actors and learner ranks, and `--resume` at once, on the same cluster and under the same actor names, goes on
+    # from the state saved after step 1.
     monkeypatch.setattr(driver.RemoteActors, "play", play)
+    command = [sys.executable, "-m", "envace.cli", "train", "experiments/smoke.toml", "--root", str(runs), "--ray",
+               address, "--run-name", "cut", "--set", "grpo.steps=3", *STALE, *TWO_NODES]
+    _slow(runs).write_text("1 5")
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stored_first, deadline = runs / "cut" / "episodes", time.time() + 300  # step 1 recorded, then saved
+        while not list(stored_first.glob("*.parquet")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # its state saved; step 2's queue under way (actor 1 still asleep on its group)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        _slow(runs).unlink()
+    assert connect(runs).execute(
+        "SELECT max(step) FROM episodes WHERE run_id = 'cut'").fetchall() == [(0,)]  # step 1 stored, 2 lost
+    # Then, resumed, a learner rank killed before its first update (rank 0 then waits on it in the update's
+    # collective): the run stops in one line, exit 1, marked interrupted, its saved state kept.
     update, updates = driver.RemoteLearner.update, []
 
     def update_with_rank_one_killed(self, rows, advantages):
         updates.append(len(rows))
-        if len(updates) == 3:
+        if len(updates) == 1:
             _, pid = ray.get(self.handles[1].where.remote())
             os.kill(pid, signal.SIGKILL)
             while _alive(pid):
                 time.sleep(0.05)
         return update(self, rows, advantages)
 
+    resume = ["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
+              "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
-    assert _train(address, runs, "cut", 3, *TWO_NODES) == 1
+    capsys.readouterr()
+    assert main(resume) == 1
     said = capsys.readouterr().err.strip().splitlines()
     assert said[-1].startswith("stopped: ray: learner rank ") and "in `update`" in said[-1], said
     assert "--resume cut" in said[-1] and not any("Traceback" in line for line in said)
     assert connect(runs).execute("SELECT status FROM runs WHERE run_id = 'cut'").fetchall() == [("interrupted",)]
+    # Resumed again: every group of its three steps stored once, and the same rows and weights as "whole"
     monkeypatch.setattr(driver.RemoteLearner, "update", update)
-    assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
-                 "--set", "grpo.steps=3", *STALE, *TWO_NODES]) == 0
-
+    assert main(resume) == 0
+    assert _stored_once(connect(runs), "cut", 3) in (0, None)  # no actor restarted
     same(stored(connect(runs), "whole", step=2), stored(connect(runs), "cut", step=2))
     whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
