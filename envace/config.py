@@ -374,6 +374,14 @@ def extends(stored: Any, asked: Any) -> bool:
     return stored == asked
 
 
+def results_only(train: dict[str, Any]) -> dict[str, Any]:
+    """A nested train config without the settings that change no result, as a resumed run or study compares it:
+    the servers' share of GPU memory (`auto` since 0.4 was the default, so a run stored before compares equal)."""
+    if not isinstance(train.get("serving"), dict):
+        return train
+    return {**train, "serving": {k: v for k, v in train["serving"].items() if k != "gpu_memory"}}
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import record, rewards, units
-from envace.config import RolloutConfig, TrainConfig, extends, nest
+from envace.config import RolloutConfig, TrainConfig, extends, nest, results_only
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.policy.specs import DEFAULT_MODEL, REFERENCE_MODEL
@@ -348,13 +348,10 @@ def suite_job(name: str, model: str, base: RolloutConfig, limit: int | None = No
 def _resumable(config: dict[str, Any]) -> dict[str, Any]:
     """A train config as `--resume` compares it: its old flat keys nested (a run stored by an earlier release),
     grpo.steps may grow, a Ray run may join another cluster (the address, not whether there is one, may
-    change), and the servers' share of GPU memory, which changes no result, may differ (`auto` since 0.4 was
-    the default)."""
-    out = nest(config)
+    change), and what changes no result may differ (`config.results_only`)."""
+    out = results_only(nest(config))
     if isinstance(out.get("grpo"), dict):
         out["grpo"] = {k: v for k, v in out["grpo"].items() if k != "steps"}
-    if isinstance(out.get("serving"), dict):
-        out["serving"] = {k: v for k, v in out["serving"].items() if k != "gpu_memory"}
     if isinstance(out.get("ray"), dict):
         out["ray"] = {**out["ray"], "address": bool(out["ray"].get("address"))}
     return out

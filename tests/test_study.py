@@ -147,12 +147,15 @@ def test_the_study_goes_on_after_a_kill_and_reports_paired_corrected_tables(tmp_
     with pytest.raises(UsageError, match="share no episode"):  # an eval and a screen: nothing pairs
         episode_pairs(con, "tiny-eval-envace-s0", "tiny-screen-envace-s0")
 
-    # a study stored before a field existed, and with the flat [train] keys of an earlier release, goes on: the
-    # field's default is no change of design, the keys' new names neither
+    # a study stored before a field existed, with the flat [train] keys of an earlier release, and with the servers'
+    # share of GPU memory at 0.4 (its default before `auto`), goes on: the field's default is no change of design,
+    # the keys' new names neither, a setting that changes no result neither
     from envace.config import flat
 
     meta = root / "tiny" / "run.json"
     stored = json.loads(meta.read_text())
+    assert stored["config"]["train"]["serving"]["gpu_memory"] == "auto"
+    stored["config"]["train"]["serving"]["gpu_memory"] = 0.4
     stored["config"]["train"] = flat(stored["config"]["train"])
     del stored["config"]["train"]["algorithm"]
     meta.write_text(json.dumps(stored))

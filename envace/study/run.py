@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from envace import compare
-from envace.config import PrivateOptions, RolloutConfig, extends, nest
+from envace.config import PrivateOptions, RolloutConfig, extends, nest, results_only
 from envace.envs import registry
 from envace.errors import UsageError
 from envace.jobs import Reporter, eval_job, rollout_job, sweep_job, train_job, world_model_job
@@ -162,10 +162,11 @@ def _config(study: Study) -> dict[str, Any]:
 def _same_study(root: Path, name: str, config: dict[str, Any]) -> bool:
     """Whether the run `name` is a study of this design (save for fields added since it was stored)."""
     stored = get_run(root, name)
-    design = stored.get("config")
+    design, asked = stored.get("config"), json.loads(json.dumps(config))
     if isinstance(design, dict) and isinstance(design.get("train"), dict):  # an earlier release's flat keys nested
-        design = {**design, "train": nest(design["train"])}
-    return stored.get("kind") == "study" and extends(design, json.loads(json.dumps(config)))
+        design = {**design, "train": results_only(nest(design["train"]))}
+        asked = {**asked, "train": results_only(asked["train"])}
+    return stored.get("kind") == "study" and extends(design, asked)
 
 
 def _study_run(root: Path, name: str, config: dict[str, Any]) -> Run:
