@@ -195,7 +195,7 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                              scale=3, elem_id="training-metrics")
         x_axis = gr.Radio(list(figures.X_AXES), value="step", label="x-axis", scale=2, elem_id="training-x")
     curves = gr.Plot(elem_id="training-curves")
-    timeline = gr.Plot(label="actors and learner (the first run picked)")
+    timeline = gr.Plot(label="actors, learner and publishes (the first run picked)")
     episode_bars = gr.Plot(label="episodes (the first run picked)", elem_id="training-episodes")
     table = gr.Dataframe(label="last step", interactive=False, max_height=240)
     by_step = gr.Dataframe(label="episodes per step (the first run picked; click a step to open its episodes)",

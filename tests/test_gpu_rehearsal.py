@@ -91,12 +91,13 @@ def _launched(monkeypatch, gpu: bool, **kwargs) -> tuple[list[str], dict[str, st
         def __init__(self, command, env, **_):
             seen.update(command=command, env=env)
 
-        def poll(self):  # already gone: the exit reaper has nothing to stop
+        def poll(self):
             return 0
 
     monkeypatch.setattr(vllm, "on_gpu", lambda: gpu)
     monkeypatch.setattr(vllm, "check_memory_share", lambda share, devices: seen.update(checked=(share, devices)))
     monkeypatch.setattr(vllm.subprocess, "Popen", Popen)
+    monkeypatch.setattr(vllm, "_CHILDREN", set())  # no stand-in left for the exit reaper, which signals real pids
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     from envace.policy.specs import model_dir
 
@@ -698,8 +699,8 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     monkeypatch.setattr(driver, "close_workers", close_with_actor_killed)
     done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
                  "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2",
-                 "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=1",
-                 "--set", "sft.epochs=1", "--set", "rollout.max_new_tokens=32", "--set", "grpo.max_staleness=1",
+                 "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=0",
+                 "--set", "rollout.max_new_tokens=32", "--set", "grpo.max_staleness=1",
                  "--set", "grpo.importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
                  "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
                  "--set", "grpo.tasks=2", "--set", "grpo.pool_overlap=true"])  # two tasks whose prompts fit

@@ -185,20 +185,20 @@ def test_an_actor_whose_server_times_out_is_restarted_and_replays_its_share(clus
     exactly once. (A 5xx answer takes the same path: `test_a_failed_actor_call_is_named_in_one_line`.)"""
     address, runs = cluster
     _marker(runs).unlink()
-    assert _train(address, runs, "failed-once", 3, *TWO_NODES) == 0
+    assert _train(address, runs, "failed-once", 2, *TWO_NODES) == 0
     out = capsys.readouterr().out
     assert _marker(runs).exists()  # the hook did fail a play
     assert re.search(r"failed \(UsageError: http://127.0.0.1:\d+/v1/completions did not answer within 1 s\)", out), out
     con = connect(runs)
-    assert _stored_once(con, "failed-once", 3) == 1  # one failure, one restart: none spent on the old process
+    assert _stored_once(con, "failed-once", 2) == 1  # one failure, one restart: none spent on the old process
     versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                            "WHERE run_id = 'failed-once' GROUP BY step ORDER BY step").fetchall()
-    assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]  # the replayed share sampled by the same version
+    assert versions == [(0, 0, 0), (1, 0, 0)]  # the replayed share sampled by the version its first try had
 
 
 @pytest.mark.heavy
 def test_a_slow_actor_plays_fewer_groups_and_every_group_is_stored_once(cluster, monkeypatch):
-    """The work queue (`RemoteActors.play`): with actor 1 six seconds a group slower, actor 0 plays more of a step's
+    """The work queue (`RemoteActors.play`): with actor 1 four seconds a group slower, actor 0 plays more of a step's
     6 groups (the static split gave each 3), and the step's episodes are its tasks × G, each once, in order."""
     from envace.training.cluster import driver
 
@@ -212,7 +212,7 @@ def test_a_slow_actor_plays_fewer_groups_and_every_group_is_stored_once(cluster,
         return played
 
     monkeypatch.setattr(driver.RemoteActors, "play", watched)
-    _slow(runs).write_text("1 6")
+    _slow(runs).write_text("1 4")
     try:
         assert _train(address, runs, "slow-actor", 1, *TWO_NODES, "--set", "grpo.tasks_per_step=6") == 0
     finally:
@@ -225,7 +225,7 @@ def test_a_slow_actor_plays_fewer_groups_and_every_group_is_stored_once(cluster,
     assert stored.fetchall() == [(24, 24)]
     busy = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = 'slow-actor' AND phase = 'grpo' "
                             "AND name IN ('actor0_rollout_s', 'actor1_rollout_s')").fetchall())
-    assert busy["actor1_rollout_s"] >= 6 * groups[1]  # each actor's busy time on the step: actor 1 slept
+    assert busy["actor1_rollout_s"] >= 4 * groups[1]  # each actor's busy time on the step: actor 1 slept
 
 
 def test_a_failed_actor_call_is_named_in_one_line():

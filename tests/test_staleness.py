@@ -87,10 +87,14 @@ def test_one_step_ahead_samples_with_the_previous_version_and_trains_nothing_old
 
     fig = step_timeline(Workbench(ahead).training("ahead"))  # the Training tab's timeline
     lanes = {t.name: t for t in fig.data if t.orientation == "h"}
-    assert set(lanes) == {"actor", "learner"} and all(len(t.x) == 3 for t in lanes.values())
+    assert set(lanes) == {"actor", "learner", "publish"} and all(len(t.x) == 3 for t in lanes.values())
     # step 2 (sampled by version 0) was played while the learner updated on step 1: the spans overlap
     actor_start, learner_start = lanes["actor"].base[1], lanes["learner"].base[0]
     assert actor_start < learner_start + lanes["learner"].x[0]
+    # version 1, published by the first update, is loaded by the actor right before step 3, which samples with it
+    publish, actor = lanes["publish"], lanes["actor"]
+    assert publish.x[2] > 0 and abs(publish.base[2] + publish.x[2] - actor.base[2]) < 1e-6
+    assert publish.base[2] >= lanes["learner"].base[0] + lanes["learner"].x[0] - 1e-6  # after the update made it
     histogram = [t for t in fig.data if t.orientation != "h"][0]
     assert list(histogram.x) == [0, 1] and list(histogram.y) == [1, 2]
 

@@ -140,19 +140,27 @@ def training_curves(metrics: pd.DataFrame, names: tuple[str, ...] = TRAINING_MET
 
 
 def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
-    """When each GRPO step's rollouts and update ran (a bar per span, on the run's wall clock: `rollout_start_t`,
-    `update_start_t` with their durations; one lane per Ray actor), and how many steps were trained at each
-    staleness. None for runs stored without span starts."""
+    """When each GRPO step's rollouts, update and publish ran (a bar per span, on the run's wall clock:
+    `rollout_start_t`, `update_start_t` with their durations; one lane per Ray actor), and how many steps were
+    trained at each staleness. The publish is the new version reaching the generator: pushed to the vLLM servers
+    right after the update (`sync_s`), or, a step ahead, loaded by the actor just before it plays the step that
+    samples with it (`load_s`). None for runs stored without span starts."""
     wide = metrics[metrics["role"] == "all"].pivot_table(index="step", columns="name", values="value")
     if not {"rollout_start_t", "update_start_t", "rollout_s", "update_s"} <= set(wide.columns):
         return None
-    t0 = min(wide["rollout_start_t"].min(), wide["update_start_t"].min())
+    spans = {"update_s": wide["update_start_t"]}
+    if wide.get("sync_s", pd.Series(dtype=float)).notna().any():
+        spans["sync_s"] = wide["update_start_t"] + wide["update_s"]
+    elif wide.get("load_s", pd.Series(dtype=float)).gt(0).any():
+        spans["load_s"] = wide["rollout_start_t"] - wide["load_s"]
+    t0 = min(wide["rollout_start_t"].min(), *(start.min() for start in spans.values()))
     actors = sorted((c for c in wide.columns if actor_of(c) is not None), key=actor_of)  # Ray: one lane each
     lanes = [(f"actor {actor_of(c)}", c) for c in actors] or [("actor", "rollout_s")]
+    lanes += [("learner", "update_s"), *(("publish", c) for c in spans if c != "update_s")]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
                         subplot_titles=["spans on the wall clock (s since the first rollout)", "steps by staleness"])
-    for lane, column in [*lanes, ("learner", "update_s")]:
-        start = wide["update_start_t" if column == "update_s" else "rollout_start_t"] - t0
+    for lane, column in lanes:
+        start = spans.get(column, wide["rollout_start_t"]) - t0
         fig.add_trace(go.Bar(y=[lane] * len(wide), x=wide[column], base=start, orientation="h", name=lane,
                              text=[f"step {k + 1}" for k in wide.index], textposition="inside",
                              hovertemplate="%{text}: %{base:.1f} s → +%{x:.1f} s<extra>" + lane + "</extra>"),
@@ -162,7 +170,7 @@ def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
         fig.add_trace(go.Bar(x=counts.index.astype(int), y=counts.values, name="steps", showlegend=False),
                       row=1, col=2)
         fig.update_xaxes(title_text="policy versions behind", tickformat="d", dtick=1, row=1, col=2)
-    _style(fig, "Where the GRPO time went: actors and learner", "seconds", height=140 + 40 * (len(lanes) + 1))
+    _style(fig, "Where the GRPO time went: actors, learner and publish", "seconds", height=140 + 40 * len(lanes))
     fig.update_xaxes(title_text="policy versions behind", row=1, col=2)
     return fig
 
