@@ -45,8 +45,8 @@ from envace.policy import vllm
 vllm.on_gpu = lambda: False
 vllm.RESERVATIONS = Path(sys.argv[3])
 server = vllm.launch(sys.argv[1], "base", log_dir=Path(sys.argv[2]), gpu_memory=0.5)
-print(server.process.pid, flush=True)
-try:
+try:  # the test's Ctrl-C may come as soon as the pid is out: the line that prints it is inside
+    print(server.process.pid, flush=True)
     sys.stdin.read()
 except KeyboardInterrupt:  # the terminal's Ctrl-C: this process stops its server itself, once it is done
     print("server answering" if server.alive() else "server gone", flush=True)
