@@ -405,7 +405,10 @@ def _launch_child(command: list[str], log, env: dict[str, str]) -> subprocess.Po
 def _stop_child(process: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM (vLLM's clean shutdown), then SIGKILL to what is left of its process group after `grace_s`: vLLM's
     engine processes outlive a server that did not stop in time, and one that was killed or crashed (no shutdown
-    ran: its EngineCore keeps its memory, a GPU's on a GPU, forever)."""
+    ran: its EngineCore keeps its memory, a GPU's on a GPU, forever). Once only: a second call would signal a
+    group id the kernel may have handed to another process since."""
+    if process not in _CHILDREN:
+        return
     _CHILDREN.discard(process)
     if process.poll() is None:
         process.terminate()
