@@ -141,9 +141,10 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank(cl
             time.sleep(0.05)
         time.sleep(1.0)  # its state saved; step 2's queue under way (actor 1 still asleep on its group)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         _slow(runs).unlink()
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]  # killed, not ended on its own
     assert connect(runs).execute(
         "SELECT max(step) FROM episodes WHERE run_id = 'cut'").fetchall() == [(0,)]  # step 1 stored, 2 lost
     # Then, resumed, a learner rank killed before its first update (rank 0 then waits on it in the update's
