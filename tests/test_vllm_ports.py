@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import running
 
 from envace.errors import UsageError
 from envace.policy import vllm
@@ -112,14 +113,6 @@ def test_a_reserved_port_is_refused_until_released_and_a_dead_launchers_ports_ar
         assert held == {}  # its process is gone: so is its reservation
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie nobody has reaped yet does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _trainer(stand_in, tmp_path) -> tuple[subprocess.Popen, int]:
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(stand_in), str(tmp_path / "logs"),
                                 str(vllm.RESERVATIONS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -133,7 +126,7 @@ def test_a_server_dies_with_the_process_that_started_it_and_outlives_a_ctrl_c_to
     try:
         os.killpg(trainer.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole foreground group
         assert trainer.stdout.readline().strip() == "server answering"
-        assert trainer.wait(30) == 0 and not _running(server)  # stopped by the trainer itself
+        assert trainer.wait(30) == 0 and not running(server)  # stopped by the trainer itself
     finally:
         trainer.kill()
     trainer, server = _trainer(stand_in, tmp_path)
@@ -141,11 +134,11 @@ def test_a_server_dies_with_the_process_that_started_it_and_outlives_a_ctrl_c_to
         trainer.kill()  # SIGKILL: no Python code of the trainer runs again
         trainer.wait(30)
         deadline = time.time() + 5
-        while _running(server) and time.time() < deadline:
+        while running(server) and time.time() < deadline:
             time.sleep(0.05)
-        assert not _running(server), f"server {server} outlived the process that started it"
+        assert not running(server), f"server {server} outlived the process that started it"
     finally:
-        if _running(server):
+        if running(server):
             os.kill(server, signal.SIGKILL)
 
 
@@ -167,12 +160,12 @@ def test_stopping_a_server_that_was_killed_stops_its_engine_process(stand_in, tm
     try:
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
-        assert _running(engine)  # the orphan the server left
+        assert running(engine)  # the orphan the server left
         server.stop(grace_s=1)
         deadline = time.time() + 5
-        while _running(engine) and time.time() < deadline:
+        while running(engine) and time.time() < deadline:
             time.sleep(0.05)
-        assert not _running(engine), "the killed server's engine process outlived stop()"
+        assert not running(engine), "the killed server's engine process outlived stop()"
     finally:
-        if _running(engine):
+        if running(engine):
             os.kill(engine, signal.SIGKILL)
