@@ -10,7 +10,7 @@ from envace.store import connect
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("tracked")
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "tb",
-                 "--set", "report_to=tensorboard"]) == 0
+                 "--set", "report_to=tensorboard", "--set", "sft.epochs=1"]) == 0
     return root
 
 

@@ -290,7 +290,9 @@ def test_set_overrides_are_validated_like_the_file(tmp_path):
 
 
 # Two processes, the same tasks as the sharded runs below: unsharded data parallelism on full weights.
-DATA_PARALLEL = ["--set", "grpo.tasks_per_step=2", "--set", "sft.tasks=2", "--set", "policy.lora=false"]
+# one SFT epoch: what these runs compare is how two processes share the work, not the warm-up
+DATA_PARALLEL = ["--set", "grpo.tasks_per_step=2", "--set", "sft.tasks=2", "--set", "sft.epochs=1",
+                 "--set", "policy.lora=false"]
 
 
 @pytest.fixture(scope="module")
