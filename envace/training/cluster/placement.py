@@ -62,12 +62,42 @@ def connect(address: str, say: Callable[[str], None]) -> None:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as exc:
             raise UsageError(f"--ray: no Ray cluster answers at {address} ({exc.strerror or exc})") from None
+        check_token(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=True, namespace="envace")
     except (ConnectionError, RuntimeError) as exc:
         raise UsageError(f"--ray: could not join the Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
     say(f"ray: joined {address}: {len([n for n in ray.nodes() if n['Alive']])} node(s), "
         f"{_resources(ray.cluster_resources())}")
+
+
+def check_token(address: str) -> None:
+    """Refuse at once when the cluster at `address` wants a token this process does not send. Ray (2.59 and later)
+    requires one once the head has `~/.ray/auth_token`; `ray.init` would retry for 20 s, print a log line a second
+    and end on "Failed to connect", naming no token. One request of Ray's own GCS client tells in milliseconds."""
+    import os
+    import sys
+
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    sys.stderr.flush()
+    saved = os.dup(2)  # the client's C++ core logs the refusal to fd 2 itself: the line below says it once
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            GcsClient(address=address).internal_kv_get(b"envace-probe", None, timeout=5)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        raise UsageError(f"--ray: the Ray cluster at {address} requires its token and this shell sends none that "
+                         f"it accepts (RAY_AUTH_MODE is {mode}): run `ray get-auth-token` on the head node, then "
+                         "`export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=…` here (docs/multi-node.md, Token "
+                         "authentication)") from None
+    except Exception:  # noqa: BLE001 - any other answer is ray.init's to report, as before
+        pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _resources(have: dict[str, float]) -> str:
