@@ -247,11 +247,22 @@ def test_a_failed_actor_call_is_named_in_one_line():
 def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):
     """grpo.max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
     `envace train` in one process (whose backend takes the same half-gold messages, in-process)."""
+    import ray
+
     from envace.policy.hf import HFBackend
+    from envace.training.cluster import driver
 
     address, runs = cluster
+    sent, load = [], driver.RemoteActors.load
+
+    def watched(self, weights, version):  # what the driver hands the actors: a reference, never the weights
+        sent.append(type(weights))
+        return load(self, weights, version)
+
+    monkeypatch.setattr(driver.RemoteActors, "load", watched)
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0
+    assert sent and set(sent) == {ray.ObjectRef}, sent  # rank 0 put each version in the object store itself
     spec = importlib.util.spec_from_file_location("ray_worker_hooks", HOOKS / "sitecustomize.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)  # neither variable is set here: only `half_gold` is defined

@@ -35,7 +35,8 @@ def save_state(learner, procs: Processes, run: Run, next_step: int,
     if not procs.main:
         return
     tmp = run.path / f".state.{os.getpid()}.partial"
-    torch.save({"next_step": next_step, **state, "versions": versions or {}}, tmp)
+    versions = {v: learner.held(w) for v, w in (versions or {}).items()}
+    torch.save({"next_step": next_step, **state, "versions": versions}, tmp)
     os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
 
 

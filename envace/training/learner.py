@@ -57,6 +57,11 @@ class BaseLearner:
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
         raise NotImplementedError
 
+    def held(self, published) -> dict[str, torch.Tensor]:
+        """A version `weights()` published, as tensors in this process (for `state.pt`): the weights themselves
+        here; Ray's learner publishes a reference to them instead."""
+        return published
+
     def step(self, played: Played) -> StepResult:
         """One update on `played` (module docstring). Advantages are taken over every row, so a row over the
         packing budget still counts in its group's baseline; it is left out of the update and counted."""

@@ -24,8 +24,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from envace.config import TrainConfig
 from envace.errors import Stopped
 from envace.store import Run
@@ -49,11 +47,15 @@ class RemoteActors:
         self.restarts = 0
         self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
 
-    def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
+    def load(self, weights, version: int) -> float:
+        """Version `version` into every actor: `weights` is the reference a learner rank put in the object store
+        (`RemoteLearner.weights`), or weights the driver holds (a resumed run's older versions, from `state.pt`),
+        put there once; every actor reads the one copy."""
         import ray
 
         started = time.perf_counter()
-        self.published = (ray.put(weights), version)  # one copy in the object store, read by every actor
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+        self.published = (ref, version)
         self._each(range(len(self.handles)), lambda h, i: h.load.remote(*self.published))
         self.version = version
         return time.perf_counter() - started
@@ -248,8 +250,15 @@ class RemoteLearner(BaseLearner):
         stats = self.gather(refs, "update")
         return {**stats[0], **{k: sum(s[k] for s in stats) for k in ADDITIVE if k in stats[0]}}
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        return self._all("weights")[0]
+    def weights(self):
+        """A reference to the version rank 0 put in the object store (`LearnerRank.weights`), not the weights."""
+        return self._all("weights")[0][0]
+
+    def held(self, published):
+        """The weights a reference points to, fetched for `state.pt` (a resumed run's versions are tensors)."""
+        import ray
+
+        return ray.get(published) if isinstance(published, ray.ObjectRef) else published
 
     def state(self) -> dict | None:
         return self._all("state")[0]
