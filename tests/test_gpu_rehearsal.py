@@ -210,6 +210,7 @@ def test_the_gpu_configs_checkpoint_and_leave_the_server_a_share():
         data = dict(load_toml(REPO / "experiments" / name)["train"], model="tiny")
         cfg = TrainConfig.from_dict(data)
         assert cfg.policy.gradient_checkpointing and cfg.serving.gpu_memory <= 0.5 and cfg.rollout.backend == "vllm"
+        assert cfg.rollout.episode_loop == "per_episode"  # what test_the_gpu_configs_train_job_runs_under_ray… plays
 
 
 # 3. The device check imports and runs without trl and datasets; 8. under transformers 5.17 ------------------

@@ -153,3 +153,18 @@ def test_the_in_process_backend_is_refused(bfcl, tok, tasks):
         TrainConfig(model="tiny", rollout=replace(TrainConfig().rollout, episode_loop="per_episode"))
     TrainConfig(model="tiny", serving={"servers": "http://127.0.0.1:1/v1?model=m"},
                 rollout=replace(TrainConfig().rollout, episode_loop="per_episode"))
+
+
+def test_a_served_per_episode_run_builds_its_grpo_pool_in_process(tiny, bfcl):
+    """GRPO's pool is probed for rows that fit the packing budget by rendering each unit's first prompt with the
+    trainer's own model, in this process: it never generates, so a run whose actors play per episode on served
+    backends gets its pool (it was refused, as if the probe would play, on the Ray path and in one process)."""
+    from envace.training.pool import grpo_pool
+
+    model, tok = tiny
+    cfg = TrainConfig(model="tiny", serving={"servers": "http://127.0.0.1:1/v1?model=m"},
+                      packing={"max_tokens": 8192}, sft={"tasks": 0}, grpo={"tasks_per_step": 1, "tasks": 2},
+                      rollout=replace(TrainConfig().rollout, episode_loop="per_episode", limit=None))
+    tasks = bfcl.load_tasks("multi_turn_base", "train", limit=4)
+    resolved, pool = grpo_pool(cfg, bfcl, tasks, None, model, tok, lambda line: None)
+    assert pool and resolved.rollout.episode_loop == "per_episode"  # the actors' loop is the config's

@@ -73,7 +73,10 @@ def grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: E
                 + ("" if cfg.grpo.tasks is None else f"besides those past the first {cfg.grpo.tasks} tasks ") + "out")
     cfg = replace(cfg, rollout=rollout)
     if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
-        probe = build_engine(HFBackend(model, tok), benchmark, cfg.rollout_at(0), bank)
+        # the probe only renders each unit's first prompt, in this process: it never generates, so it needs no
+        # served backend whatever loop the actors play
+        probe = build_engine(HFBackend(model, tok), benchmark, replace(cfg.rollout_at(0), episode_loop="lockstep"),
+                             bank)
         pool = fitting_pool(probe, pool, row_budget(cfg), say)
     if len(pool) < cfg.grpo.tasks_per_step:
         raise UsageError(f"grpo.tasks_per_step: {cfg.grpo.tasks_per_step} per step, but only {len(pool)} train "
