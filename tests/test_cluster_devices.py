@@ -69,8 +69,10 @@ def _tensors(obj) -> list[torch.Tensor]:
 
 
 def test_a_gpu_rank_returns_only_plain_cpu_tensors_to_the_driver():
+    """What it returns (its state, its statistics) and what it publishes: `host_weights` is what rank 0 puts in
+    the object store (`weights`, which needs Ray, hands the driver only the reference: test_ray)."""
     rank = _rank(GpuLearner())
-    for returned in (rank.weights(), rank.state(), rank.update([], [])):
+    for returned in (rank.host_weights(), rank.state(), rank.update([], [])):
         tensors = _tensors(returned)
         assert tensors and all(type(t) is torch.Tensor and t.device.type == "cpu" for t in tensors), \
             [(type(t).__name__, t.device) for t in tensors]

@@ -104,4 +104,34 @@ def test_the_pages_commands_start_two_nodes_and_run_its_cluster_check(tmp_path):
         assert "RAY_AUTH_MODE=token" in said[0]
         assert not (tmp_path / "runs" / "no-token").exists()
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _stop_cluster(port)
+
+
+def _stop_cluster(port: str) -> None:
+    """Kill this test's Ray processes and theirs: its GCS server (`--gcs_server_port`), every process whose command
+    line names the cluster's session or its address, and their children (the agents, the workers). Not `ray stop`,
+    which kills every Ray process of the machine, a driver's own local cluster among them."""
+    import psutil
+
+    def args(proc) -> list[str]:
+        try:
+            return proc.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return []
+
+    everyone = list(psutil.process_iter())
+    gcs = [p for p in everyone if f"--gcs_server_port={port}" in args(p)]
+    marks = {f":{port}"} | {a.split("=", 1)[1] for p in gcs for a in args(p) if a.startswith("--session-name=")}
+    procs = {p.pid: p for p in everyone if any(m in " ".join(args(p)) for m in marks)}
+    for proc in list(procs.values()):
+        try:
+            procs.update({c.pid: c for c in proc.children(recursive=True)})
+        except psutil.NoSuchProcess:
+            pass
+    procs.pop(os.getpid(), None)
+    for proc in procs.values():
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(list(procs.values()), timeout=30)

@@ -195,15 +195,19 @@ class LearnerRank:
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
         return to_host(self.learner.update(rows, advantages))
 
+    def host_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy version to publish, on the CPU (`to_host`); rank 0's (every rank must call under FSDP)."""
+        weights = self.learner.weights()
+        return to_host(weights) if self.rank == 0 else None
+
     def weights(self) -> list | None:
-        """The policy version to publish, on the CPU (`to_host`), put in Ray's object store by this rank (rank 0;
-        every rank must call under FSDP): [its reference]. Ray hands a reference nested in a return value over as
-        it is, so the driver passes it on to the actors, which read the weights from the store; they never cross
-        the driver's memory."""
+        """`host_weights` put in Ray's object store by this rank: [its reference]. Ray hands a reference nested in
+        a return value over as it is, so the driver passes it on to the actors, which read the weights from the
+        store; they never cross the driver's memory."""
         import ray
 
-        weights = self.learner.weights()
-        return [ray.put(to_host(weights))] if self.rank == 0 else None
+        weights = self.host_weights()
+        return None if weights is None else [ray.put(weights)]
 
     def state(self) -> dict | None:
         """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them."""
