@@ -17,6 +17,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,6 @@ def _stop_cluster(port: str) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(list(procs.values()), timeout=30)
+    current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"  # `ray start`'s address, as ray stop does
+    if current.exists() and current.read_text().strip().endswith(f":{port}"):
+        current.unlink()

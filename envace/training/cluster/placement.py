@@ -51,7 +51,9 @@ def connect(address: str, say: Callable[[str], None]) -> None:
     import ray
 
     if address == "local":
-        ray.init(include_dashboard=False, log_to_driver=True, namespace="envace")
+        # address="local": a cluster of its own even where `ray start` left its address in /tmp/ray (Ray would
+        # join that one, and wait on it for minutes when it has died since)
+        ray.init(address="local", include_dashboard=False, log_to_driver=True, namespace="envace")
         say(f"ray: started on this machine ({_resources(ray.cluster_resources())})")
         return
     if address != "auto":
