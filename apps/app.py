@@ -157,8 +157,8 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
                 swept, rehearsed, inspect_turn, turn, laddered = dashboards.rehearsal_tab(app, wb, timer, tab)
             with gr.Tab("Training", id="training") as tab:
                 trained, phase, by_step = dashboards.training_tab(app, wb, timer, tab)
-            with gr.Tab("Launch", id="launch"):
-                launcher.build(app, wb, timer, Path(experiments))
+            with gr.Tab("Launch", id="launch") as tab:
+                launcher.build(app, wb, timer, tab, Path(experiments))
 
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):

@@ -10,6 +10,7 @@ import json
 import shlex
 import threading
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,12 @@ def _read(row: dict, value: Any) -> Any:
     if row["widget"] == "integer" and isinstance(value, float) and value.is_integer():
         return int(value)
     return None if value == "" else value
+
+
+def _edited(row: dict, value: Any, now: dict) -> dict:
+    """`values` with the widget's field set to its value, or no update when it holds that value already."""
+    read = _read(row, value)
+    return gr.skip() if row["field"] in now and now[row["field"]] == read else {**now, row["field"]: read}
 
 
 def _label(row: dict) -> str:
@@ -91,10 +98,10 @@ def typed_forms(values: gr.State) -> dict[str, tuple[gr.Column, dict[str, gr.com
                         with gr.Row(equal_height=False):
                             for row in group[at:at + PER_ROW]:
                                 widgets[row["field"]] = widget = _widget(row, job)
-                                # an edit, or a config filling in a value other than the one shown (its
-                                # value then: what `fill` put in `values` already)
-                                widget.change(lambda value, now, r=row: {**now, r["field"]: _read(r, value)},
-                                              [widget, values], values)
+                                # an edit (`.change`: this Gradio's number widget sends `.input` the value
+                                # before the keystroke); a value `fill` put in `values` already is skipped,
+                                # not re-applied and the config re-checked once per filled field
+                                widget.change(partial(_edited, row), [widget, values], values)
                             for _ in range(PER_ROW - len(group[at:at + PER_ROW])):
                                 gr.HTML("")  # the last row's columns as wide as the others
         forms[job] = (column, widgets)
@@ -112,7 +119,7 @@ def checked(kind: str, rows: list[dict], now: dict) -> tuple:
             gr.Button(interactive=True))
 
 
-def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> None:
+def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> None:
     handles: dict[str, RunHandle] = {}  # jobs started from this app, by run name
     configs = sorted(str(p) for p in experiments.glob("*.toml"))
     with gr.Row():
@@ -168,8 +175,15 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, experiments: Path) -> 
             threading.Thread(target=handle.stop, daemon=True).start()
         return follow(run_id)
 
-    gr.on([app.load, config.change, kind.change], fill, [config, kind],
-          [fields, values, *(forms[job][0] for job in forms), *(w for job in forms for w in forms[job][1].values())])
+    filled = [fields, values, *(forms[job][0] for job in forms), *(w for job in forms for w in forms[job][1].values())]
+
+    def first_fill(config, kind, rows):
+        """The form filled the first time the tab opens (a page load that lands elsewhere fills nothing: setting
+        ~150 widgets cost every page load seconds), kept as edited when the tab opens again."""
+        return fill(config, kind) if not rows else (gr.skip(),) * len(filled)
+
+    tab.select(first_fill, [config, kind, fields], filled)
+    gr.on([config.change, kind.change], fill, [config, kind], filled)
     values.change(checked, [kind, fields, values], [preview, changed, check, start])
     start.click(start_job, [config, kind, name, values], [job, fast])
     stop.click(stop_job, job, [status, log, fast])

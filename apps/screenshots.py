@@ -9,6 +9,7 @@ import argparse
 import re
 import socket
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from envace.errors import UsageError, run_main
@@ -127,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(lambda: _shoot_demo(args.root, Path(args.out)))
 
 
-def _shoot_demo(root: str, out: Path) -> int:
-    """Every tab on the newest demo result, through an app served on a free port for the purpose."""
+@contextmanager
+def served(root: str | Path):
+    """(url, driver): the app on `root`, served on a free port for the purpose, and a headless browser."""
     import tempfile
 
     from apps.app import serve
 
-    runs = demo_runs(root)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -142,12 +143,19 @@ def _shoot_demo(root: str, out: Path) -> int:
         with tempfile.TemporaryDirectory() as profile:
             driver = chromium(Path(profile))
             try:
-                for path in shoot(driver, f"http://127.0.0.1:{port}/", root, runs, out):
-                    print(path)
+                yield f"http://127.0.0.1:{port}/", driver
             finally:
                 driver.quit()
     finally:
         app.close()
+
+
+def _shoot_demo(root: str, out: Path) -> int:
+    """Every tab on the newest demo result."""
+    runs = demo_runs(root)
+    with served(root) as (url, driver):
+        for path in shoot(driver, url, root, runs, out):
+            print(path)
     return 0
 
 

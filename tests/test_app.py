@@ -503,6 +503,20 @@ def test_screenshots_take_the_newest_complete_demo_and_say_when_there_is_none(tm
     assert set(runs) == {name for _, name in screenshots.TABS}
 
 
+def test_pageload_times_each_runs_link_and_refuses_bad_input(store, browser, tmp_path, capsys):
+    """`python -m apps.pageload` (docs/benchmarks.md): a time per link opened, the medians; bad input one line."""
+    from apps import pageload
+
+    assert pageload.main(["--root", str(store), "--repeat", "1", "--limit", "2"]) == 0
+    *lines, median = [line for line in capsys.readouterr().out.splitlines() if " link " in line]  # not Gradio's
+    assert len(lines) == 2 and all(float(line.split("link")[1].split()[0]) > 0 for line in lines)
+    assert median.startswith("median over 2: link ")
+    for argv in (["--root", str(store), "--repeat", "0"], ["--root", str(tmp_path)]):
+        assert pageload.main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+
+
 @pytest.mark.parametrize("name", ["../../escaped", "{tmp}/absolute", "nested/$(x)", "a..b"])
 def test_the_launch_tab_checks_the_run_name_before_writing_anything(app_url, store, tmp_path, name):
     name = name.format(tmp=tmp_path)
