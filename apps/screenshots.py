@@ -21,6 +21,16 @@ TABS = (("Inspector", "inspector"), ("Runs", "runs"), ("Fidelity", "fidelity"),
         ("Private rehearsal", "private-rehearsal"), ("Training", "training"), ("Launch", "launch"))
 
 
+POLL_S = 0.1  # how often a wait looks at the page again (selenium's 0.5 s default rounds every wait up to it)
+
+
+def waiting(driver, timeout: float, **kw):
+    """A `WebDriverWait` on `driver` that polls every `POLL_S` seconds."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=POLL_S, **kw)
+
+
 def chromium(profile: Path):
     """Headless Debian chromium driven by selenium (never a downloaded browser)."""
     from selenium import webdriver
@@ -41,9 +51,8 @@ def open_tab(driver, name: str):
     """Click the tab labelled `name`; the wait, for what follows."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(driver, 60)
+    wait = waiting(driver, 60)
     wait.until(ec.element_to_be_clickable((By.XPATH, f"//button[@role='tab' and contains(., '{name}')]"))).click()
     return wait
 
@@ -58,11 +67,10 @@ def follow_link(driver, url: str, run: str, lands: str, timeout: float = 150) ->
     from urllib.parse import quote
 
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver.get(url + f"?run={quote(run)}")
     selected = (By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
-    WebDriverWait(driver, timeout).until(lambda d: [t.text for t in d.find_elements(*selected)] == [LABELS[lands]],
+    waiting(driver, timeout).until(lambda d: [t.text for t in d.find_elements(*selected)] == [LABELS[lands]],
                                          message=f"?run={run} did not land on {LABELS[lands]}")
 
 
@@ -86,14 +94,13 @@ def shoot(driver, url: str, root: str | Path, runs: dict[str, str], out: Path) -
     """A screenshot of each tab of `TABS` opened on its run (`runs`: screenshot name → run id of the store at
     `root`) into `out`, once the tab has drawn (plots too); a tab that shows an error toast is a RuntimeError."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     out.mkdir(parents=True, exist_ok=True)
     saved, lands = [], landings(root)
     for tab, name in TABS:
         follow_link(driver, url, runs[name], lands[runs[name]])
         open_tab(driver, tab)
-        wait = WebDriverWait(driver, 60)
+        wait = waiting(driver, 60)
         wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, ".pending, .generating"))
         if tab == "Inspector":
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#inspector-view [data-episode]"))

@@ -8,7 +8,7 @@ import pytest
 from gradio_client import Client
 
 from apps.app import KIND_COLUMNS, serve
-from apps.screenshots import TABS, follow_link, landings, open_tab, shoot, toasts
+from apps.screenshots import TABS, follow_link, landings, open_tab, shoot, toasts, waiting
 
 
 def _free_port() -> int:
@@ -203,11 +203,10 @@ def test_links_open_the_tab_of_the_runs_kind_and_name_an_unknown_run(app_url, br
     from urllib.parse import quote
 
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from workbench import Workbench
 
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser, 60)
     selected = (By.XPATH, "//button[@role='tab' and @aria-selected='true']")
     browser.get(app_url + "?run=trained")
     wait.until(lambda d: "Training" in d.find_element(*selected).text)
@@ -227,11 +226,10 @@ def edit_launch_form(browser, url: str):
     it checks out (grpo.lr = 0.0005, listed as edited). Returns the start button's locator."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(url)
     open_tab(browser, "Launch")  # smoke.toml, train
-    wait = WebDriverWait(browser, 60)
+    wait = waiting(browser, 60)
     start = (By.ID, "launch-start")
     wait.until(lambda d: d.find_element(*start).is_enabled())  # the file's config checks out
     # one folded group per TOML table, the job's own open; widgets by type, a changed value marked
@@ -263,27 +261,25 @@ def test_a_run_launched_in_the_browser_fills_the_other_tabs(app_url, browser, st
     """Launch: fields grouped by table, typed widgets, changed values marked, start disabled while the config does
     not check out; the job it starts writes a run the Runs tab lists."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from envace.store import get_run
 
     start = edit_launch_form(browser, app_url)
     browser.find_element(*start).click()
     log = (By.CSS_SELECTOR, "#launch-log textarea")
-    WebDriverWait(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
+    waiting(browser, 300).until(lambda d: "saved " in (d.find_element(*log).get_attribute("value") or ""))
     assert "GRPO step 2/2" in browser.find_element(*log).get_attribute("value")
     launched = [p.name for p in store.iterdir() if p.name.startswith("train-")]
     assert len(launched) == 1
     assert get_run(store, launched[0])["config"]["grpo"]["lr"] == 0.0005  # the edit is what the job ran
     # the Runs tab lists it after its next refresh
     open_tab(browser, "Runs")
-    WebDriverWait(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
+    waiting(browser, 30).until(lambda d: launched[0] in d.find_element(By.ID, "runs-table").text)
 
 
 @pytest.mark.heavy
 def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from workbench import Workbench
 
@@ -291,10 +287,10 @@ def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
     open_tab(browser, "Runs")
     row = list(Workbench(store).runs()["run_id"]).index("paper")  # the table lists runs newest first, as runs()
     cell = (By.CSS_SELECTOR, f"#runs-table [data-testid='cell-{row}-0']")
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(*cell) and "paper" in d.find_element(*cell).text)
+    waiting(browser, 60).until(lambda d: d.find_elements(*cell) and "paper" in d.find_element(*cell).text)
     browser.find_element(*cell).click()
     table = (By.ID, "suite-table")
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(*table) and "EnvACE-8B (published)" in
+    waiting(browser, 60).until(lambda d: d.find_elements(*table) and "EnvACE-8B (published)" in
                                      d.find_element(*table).text)
     text = browser.find_element(*table).text
     assert "this run: paper" in text and "BFCL-v4 (offline overall)" in text and toasts(browser) == []
@@ -321,7 +317,6 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
-    from selenium.webdriver.support.ui import WebDriverWait
 
     from workbench import Workbench
 
@@ -358,19 +353,19 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                 return found[0] if found and found[0].text == want else None
 
             # the first run's first row waits for the page's load (its episodes listed from the store) as well
-            WebDriverWait(browser, 150 if run == runs[0] else 60,
+            waiting(browser, 150 if run == runs[0] else 60,
                           ignored_exceptions=[StaleElementReferenceException]).until(
                 listed_row, message=f"{run}: row {i} of {len(expected)} is not {episode}; menu "
                 f"{browser.find_element(*menu).get_attribute('value')!r}, toasts {toasts(browser)}").click()
             shown = (By.CSS_SELECTOR, f"#inspector-view [data-run='{run}'] [data-episode='{episode}']")
-            WebDriverWait(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
+            waiting(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
             assert toasts(browser) == [], (run, episode)
             if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
                 assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view details.private"), (run, episode)
                 kinds.add("rehearsed")
             if episode in grpo.get(run, ()):  # its GRPO group beside it: G = 2 episodes, each with its advantage
                 row = (By.CSS_SELECTOR, "#inspector-group [data-testid='cell-1-0']")
-                WebDriverWait(browser, 60).until(lambda d, r=row: d.find_elements(*r))
+                waiting(browser, 60).until(lambda d, r=row: d.find_elements(*r))
                 kinds.add("grpo")
             kinds.add(listed["phase"].iloc[i])
             opened += 1
@@ -394,7 +389,7 @@ def test_runs_overlay_and_a_tool_a_step_and_a_rehearsed_turn_open_their_episodes
     from workbench import Workbench
 
     wb = Workbench(real_store)
-    wait = WebDriverWait(browser, 120, ignored_exceptions=[StaleElementReferenceException])  # tables redraw
+    wait = waiting(browser, 120, ignored_exceptions=[StaleElementReferenceException])  # tables redraw
 
     def listed(run: str, expected) -> None:
         """The Inspector is open on `run` and lists exactly the `expected` episodes."""
@@ -507,10 +502,10 @@ def test_pageload_times_each_runs_link_and_refuses_bad_input(store, browser, tmp
     """`python -m apps.pageload` (docs/benchmarks.md): a time per link opened, the medians; bad input one line."""
     from apps import pageload
 
-    assert pageload.main(["--root", str(store), "--repeat", "1", "--limit", "2"]) == 0
+    assert pageload.main(["--root", str(store), "--repeat", "1", "--limit", "1"]) == 0
     *lines, median = [line for line in capsys.readouterr().out.splitlines() if " link " in line]  # not Gradio's
-    assert len(lines) == 2 and all(float(line.split("link")[1].split()[0]) > 0 for line in lines)
-    assert median.startswith("median over 2: link ")
+    assert len(lines) == 1 and float(lines[0].split("link")[1].split()[0]) > 0
+    assert median.startswith("median over 1: link ")
     for argv in (["--root", str(store), "--repeat", "0"], ["--root", str(tmp_path)]):
         assert pageload.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -9,7 +9,7 @@ import pytest
 from test_app import _free_port
 
 from apps.app import serve
-from apps.screenshots import follow_link, open_tab, toasts
+from apps.screenshots import follow_link, open_tab, toasts, waiting
 
 pytestmark = pytest.mark.heavy  # a browser, and the default model playing a small ladder
 
@@ -63,12 +63,11 @@ def _served(root):
 
 def test_the_private_rehearsal_tab_draws_the_ladder_the_default_model_wrote(ladder_store, browser):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     app, url = _served(ladder_store)
     try:
         follow_link(browser, url, "ladder", "rehearsal")  # a ladder's own tab: Private rehearsal
-        wait = WebDriverWait(browser, 90)
+        wait = waiting(browser, 90)
         table = (By.CSS_SELECTOR, "#ladder-table [data-testid='cell-0-0']")
         wait.until(lambda d: d.find_elements(*table), message="the ladder's table was not drawn")
         text = browser.find_element(By.ID, "ladder-table").text
