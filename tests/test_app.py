@@ -6,20 +6,15 @@ from pathlib import Path
 
 import pytest
 from gradio_client import Client
+from ports import free_port
 
 from apps.app import KIND_COLUMNS, serve
 from apps.screenshots import TABS, follow_link, landings, open_tab, shoot, toasts, waiting
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url(store):
-    port = _free_port()
+    port = free_port()
     app = serve(store, port=port, block=False)
     yield f"http://127.0.0.1:{port}/"
     app.close()
@@ -133,7 +128,7 @@ def test_a_run_stored_before_episodes_kept_their_times_says_so_in_training(tmp_p
     root = tmp_path / "store"
     shutil.copytree(Path(__file__).parent / "fixtures" / "golden" / "store", root)
     assert Workbench(root).episode_spans("cut").empty and not Workbench(root).episodes_by_step("cut").empty
-    port = _free_port()
+    port = free_port()
     app = serve(root, port=port, block=False)
     try:
         note, curves, _, bars, *_ = Client(f"http://127.0.0.1:{port}/", verbose=False).predict(
@@ -298,7 +293,7 @@ def test_a_suite_run_opens_as_the_papers_table(app_url, browser, store):
 
 @pytest.fixture(scope="module")
 def real_app_url(real_store):
-    port = _free_port()
+    port = free_port()
     app = serve(real_store, port=port, block=False)
     yield f"http://127.0.0.1:{port}/"
     app.close()

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_app import _free_port
+from ports import free_port
 
 from apps.app import serve
 from apps.screenshots import follow_link, open_tab, toasts, waiting
@@ -57,7 +57,7 @@ def ladder_store(tmp_path_factory):
 
 
 def _served(root):
-    port = _free_port()
+    port = free_port()
     return serve(root, port=port, block=False), f"http://127.0.0.1:{port}/"
 
 

@@ -7,7 +7,6 @@ import ast
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from envace.store import connect
 
@@ -28,11 +28,6 @@ STABLE = {"envace.envs.base": {"Environment"}, "envace.envs.registry": {"Benchma
 def _blocks() -> list[str]:
     return re.findall(r"^```[a-z]*\n(.*?)^```", DOC.read_text(), flags=re.DOTALL | re.MULTILINE)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +53,7 @@ def walked(tmp_path_factory):
         assert argv[0] == "envace", line
         argv = [sys.executable, "-m", "envace.cli", *argv[1:]]
         if argv[3] == "app":  # served until it answers, then stopped
-            port = str(_free_port())
+            port = str(free_port())
             argv[argv.index("--port") + 1] = port
             server = subprocess.Popen(argv, cwd=here, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             try:

@@ -14,13 +14,13 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from envace.paths import envace_home
 
@@ -43,11 +43,6 @@ def _one(found: list[str], what: str) -> str:
     return found[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_the_page_has_the_commands_this_test_runs():
     page = commands(PAGE)
@@ -58,7 +53,7 @@ def test_the_page_has_the_commands_this_test_runs():
 
 def test_the_pages_commands_start_two_nodes_and_run_its_cluster_check(tmp_path):
     page = commands(PAGE)
-    port = str(_free_port())
+    port = str(free_port())
 
     def literal(command: str, token: str = "") -> list[str]:
         words = shlex.split(command.replace("HEAD_IP", "127.0.0.1").replace("6379", port))
