@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from processes import descendants, parent, running
+from ray_cluster import loopback_cluster
 
 from envace.cli import main
 from envace.errors import UsageError
@@ -668,10 +670,11 @@ def test_the_smoke_tests_sync_check_on_a_served_tiny_qwen3(server, qwen3_dir, tm
 
 @pytest.mark.heavy
 @pytest.mark.usefixtures("vllm_python")
-def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path, monkeypatch):
-    """The 1.7B GPU config's train job with its actors and learner placed by Ray (`--ray`: Ray started on this
-    machine) and one step of staleness: the actor starts its own vLLM-CPU server in its own folder, takes each
-    published LoRA version from Ray's object store, and plays step 2 with version 1 while the learner updates.
+def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_dir, tmp_path, monkeypatch, capsys):
+    """The 1.7B GPU config's train job with its actor and learner placed by Ray on a cluster of two nodes simulated
+    on loopback (one CPU each: the actor on one, the learner on the other) and one step of staleness: the actor
+    starts its own vLLM-CPU server in its own folder, takes each published LoRA version from Ray's object store,
+    and plays step 2 with version 1 while the learner updates.
     Faults: the actor's vLLM server is SIGKILLed half a second into step 2 (the actor's play fails, the driver
     restarts the actor, which starts a server of its own, and replays the step: every group stored once); at the
     end the actor is SIGKILLed while its `close()` is pending: its vLLM server and every process under it go with
@@ -699,33 +702,38 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
 
     monkeypatch.setattr(driver.RemoteActors, "play", play_with_server_killed)
     monkeypatch.setattr(driver, "close_workers", close_with_actor_killed)
-    done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
-                 "--ray", "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2", "--set", "grpo.tasks_per_step=2",
-                 "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=0",
-                 "--set", "rollout.max_new_tokens=32", "--set", "grpo.max_staleness=1",
-                 "--set", "grpo.importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
-                 "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
-                 "--set", "grpo.tasks=2", "--set", "grpo.pool_overlap=true"])  # two tasks whose prompts fit
-    # the tiny model's context, every step
-    assert done == 0
-    con = connect(tmp_path)
-    versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
-                           "GROUP BY step ORDER BY step").fetchall()
-    assert versions == [(0, 0, 0), (1, 0, 0)]  # step 2 replayed with the version its first try had
-    assert con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes GROUP BY step "
-                       "ORDER BY step").fetchall() == [(0, 4, 4), (1, 4, 4)]  # 2 tasks × G = 2, each once
-    assert con.execute("SELECT sum(value) FROM metrics WHERE name = 'actor_restarts'").fetchall() == [(1,)]
-    assert killed and tree[0] not in killed  # the actor closed at the end is the restarted one
-    assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
-    assert len(tree) >= 3, tree  # the actor, its vLLM server and the server's engine process
-    deadline = time.monotonic() + 60
-    while (alive := [p for p in tree + killed if running(p)]) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in alive]
-    # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
-    [left] = Path(tempfile.gettempdir()).glob(f"envace-actor0-pid{tree[0]}-*")
-    mine = Path(tempfile.mkdtemp(prefix=f"envace-actor9-pid{os.getpid()}-"))  # a live actor's
-    assert left in workers.sweep_actor_folders() and not left.exists() and mine.exists()
-    mine.rmdir()
+    with loopback_cluster({"num_cpus": 1}, {"num_cpus": 1}) as (address, nodes):
+        done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",
+                     "--ray", address, "--set", f'model="{qwen3_dir}"', "--set", "grpo.steps=2",
+                     "--set", "grpo.tasks_per_step=2",
+                     "--set", "rollout.group_size=2", "--set", "eval.every=0", "--set", "sft.tasks=0",
+                     "--set", "rollout.max_new_tokens=32", "--set", "grpo.max_staleness=1",
+                     "--set", "grpo.importance_cap=2.0", "--set", "rollout.rehearser.max_new_tokens=32",
+                     "--set", "ray.actor_cpus=1", "--set", "ray.learner_cpus=1",
+                     "--set", "grpo.tasks=2", "--set", "grpo.pool_overlap=true"])  # two tasks whose prompts fit
+        # the tiny model's context, every step
+        assert done == 0
+        out = capsys.readouterr().out
+        placed = re.search(r"1 actor\(s\) on (node \d) .*; a learner of 1 rank\(s\) on (node \d)", out)
+        assert placed and placed[1] != placed[2], placed  # the actor on one node, the learner on the other
+        con = connect(tmp_path)
+        versions = con.execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
+                               "GROUP BY step ORDER BY step").fetchall()
+        assert versions == [(0, 0, 0), (1, 0, 0)]  # step 2 replayed with the version its first try had
+        assert con.execute("SELECT step, count(*), count(DISTINCT episode_id) FROM episodes GROUP BY step "
+                           "ORDER BY step").fetchall() == [(0, 4, 4), (1, 4, 4)]  # 2 tasks × G = 2, each once
+        assert con.execute("SELECT sum(value) FROM metrics WHERE name = 'actor_restarts'").fetchall() == [(1,)]
+        assert killed and tree[0] not in killed  # the actor closed at the end is the restarted one
+        assert not (tmp_path / "r" / "served").exists()  # the server's adapters live with the actor, not the run
+        assert len(tree) >= 3, tree  # the actor, its vLLM server and the server's engine process
+        deadline = time.monotonic() + 60
+        while (alive := [p for p in tree + killed if running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive, [Path(f"/proc/{p}/cmdline").read_bytes()[:80] for p in alive]
+        # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
+        [left] = Path(tempfile.gettempdir()).glob(f"envace-actor0-pid{tree[0]}-*")
+        mine = Path(tempfile.mkdtemp(prefix=f"envace-actor9-pid{os.getpid()}-"))  # a live actor's
+        assert left in workers.sweep_actor_folders() and not left.exists() and mine.exists()
+        mine.rmdir()
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
 
