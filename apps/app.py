@@ -158,7 +158,7 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
             with gr.Tab("Training", id="training") as tab:
                 trained, phase, by_step = dashboards.training_tab(app, wb, timer, tab)
             with gr.Tab("Launch", id="launch") as tab:
-                launcher.build(app, wb, timer, tab, Path(experiments))
+                launcher.build(wb, timer, tab, Path(experiments))
 
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):

@@ -82,6 +82,12 @@ def _ladder_section(wb: Workbench) -> tuple[gr.Dropdown, Callable, list]:
                 "(reference), of the imagined attempt played on a copy of the real state (real), today's rehearsed "
                 "memory, and select.")
     ladder_note = gr.Markdown(elem_id="ladder-note")
+
+    def first_ladder(request: gr.Request | None) -> str | None:
+        """The ladder a page opens on: the one its `?run=` names, else the newest."""
+        ladders = run_choices(wb.runs(), having=wb.runs_with("ladder"))
+        return linked(request) if linked(request) in ladders else next(iter(ladders), None)
+
     ladder = gr.Dropdown(label="ladder", choices=[], value=None, allow_custom_value=True, elem_id="ladder-run")
     comparisons = gr.Dataframe(label="each rung against N = 0 and against the rehearsed memory, paired by turn "
                                      "(95% interval resampled by task; p-values Holm-adjusted over the table)",
@@ -90,7 +96,11 @@ def _ladder_section(wb: Workbench) -> tuple[gr.Dropdown, Callable, list]:
                                    "copies an imagined one / fidelity of the answers it was written from",
                              interactive=False, elem_id="ladder-diagnosis")
     @shown_errors
-    def draw_ladder(ladder_id):
+    def draw_ladder(ladder_id, request: gr.Request):
+        # An empty picker is the page's pick not arrived yet (the tab's select can run before the load's choices
+        # land): draw what it will hold, the linked ladder else the newest, so that a draw finishing late never
+        # covers the ladder with the empty note
+        ladder_id = ladder_id or first_ladder(request)
         hidden = gr.Dataframe(visible=False), gr.Dataframe(visible=False)
         if not ladder_id:  # no placeholder tables: the note says what fills them
             return empty_note("private-rehearsal ladder", "ladder"), *hidden

@@ -119,7 +119,7 @@ def checked(kind: str, rows: list[dict], now: dict) -> tuple:
             gr.Button(interactive=True))
 
 
-def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> None:
+def build(wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> None:
     handles: dict[str, RunHandle] = {}  # jobs started from this app, by run name
     configs = sorted(str(p) for p in experiments.glob("*.toml"))
     with gr.Row():

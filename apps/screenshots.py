@@ -71,7 +71,7 @@ def follow_link(driver, url: str, run: str, lands: str, timeout: float = 150) ->
     driver.get(url + f"?run={quote(run)}")
     selected = (By.CSS_SELECTOR, "button[role='tab'][aria-selected='true']")
     waiting(driver, timeout).until(lambda d: [t.text for t in d.find_elements(*selected)] == [LABELS[lands]],
-                                         message=f"?run={run} did not land on {LABELS[lands]}")
+                                   message=f"?run={run} did not land on {LABELS[lands]}")
 
 
 def landings(root: str | Path) -> dict[str, str]:

@@ -62,6 +62,7 @@ def _served(root):
 
 
 def test_the_private_rehearsal_tab_draws_the_ladder_the_default_model_wrote(ladder_store, browser):
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
 
     app, url = _served(ladder_store)
@@ -69,7 +70,12 @@ def test_the_private_rehearsal_tab_draws_the_ladder_the_default_model_wrote(ladd
         follow_link(browser, url, "ladder", "rehearsal")  # a ladder's own tab: Private rehearsal
         wait = waiting(browser, 90)
         table = (By.CSS_SELECTOR, "#ladder-table [data-testid='cell-0-0']")
-        wait.until(lambda d: d.find_elements(*table), message="the ladder's table was not drawn")
+        try:
+            wait.until(lambda d: d.find_elements(*table))
+        except TimeoutException:  # what the page shows instead
+            picker = browser.find_element(By.CSS_SELECTOR, "#ladder-run input").get_attribute("value")
+            pytest.fail(f"the ladder's table was not drawn: note {browser.find_element(By.ID, 'ladder-note').text!r}"
+                        f", picker {picker!r}, toasts {toasts(browser)}")
         text = browser.find_element(By.ID, "ladder-table").text
         for rung in ("empty", "reference", "rehearsed"):
             assert rung in text
