@@ -66,6 +66,24 @@ def _round(value: float) -> float:
     return float(f"{value:.5g}")
 
 
+# Another CPU sums in another order (AVX-512 against AVX2 moved a loss from -0.0053685 to -0.0053684): numbers
+# may differ in their last rounded digit, so 3 units in the fifth significant digit, relative, are "the same".
+REL = 3e-4
+
+
+def difference(got, expected, where: str = "") -> str | None:
+    """Where `got` first differs from `expected` (None when it does not): lists and dicts item by item, floats
+    within `REL` of each other, everything else (tokens, ids, names, flags) exactly."""
+    if isinstance(expected, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        return None if abs(got - expected) <= REL * max(abs(got), abs(expected)) else f"{where}: {got} != {expected}"
+    if isinstance(expected, list) and isinstance(got, list) and len(got) == len(expected):
+        return next((d for i, (g, e) in enumerate(zip(got, expected, strict=True))
+                     if (d := difference(g, e, f"{where}[{i}]"))), None)
+    if isinstance(expected, dict) and isinstance(got, dict) and sorted(got) == sorted(expected):
+        return next((d for k in expected if (d := difference(got[k], expected[k], f"{where}[{k!r}]"))), None)
+    return None if got == expected else f"{where}: {got!r} != {expected!r}"
+
+
 def digest(root: Path, run_id: str) -> dict:
     """What the run stored and saved, without wall times or clocks (names ending `_s` or `_t`)."""
     from envace.store import connect
