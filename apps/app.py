@@ -13,8 +13,9 @@ import gradio as gr
 import pandas as pd
 
 from apps import dashboards, inspector, launcher
-from apps.common import linked, percent, run_choices, score, shown_errors
+from apps.common import kept_unless_changed, linked, percent, run_choices, score, shown_errors
 from apps.render import empty_state, warnings_md
+from apps.ticks import Ticks
 from workbench import Workbench
 
 REFRESH_S = 5.0
@@ -96,7 +97,7 @@ def tab_of(wb: Workbench, run_id: str, kind: str) -> str:
     return "rehearsal" if run_id in wb.runs_with("memories") else "inspector"
 
 
-def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple:
+def runs_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks) -> tuple:
     """The hub: every run (searchable; a kind's view with its own columns), a config diff of the runs picked, and
     a suite's table. Returns the run table, the suite table, the note a link to an unknown run writes, the runs
     picked and the button overlaying their curves (`build` wires what a click opens)."""
@@ -119,12 +120,19 @@ def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple:
     suite_table = gr.Dataframe(label="suite: ours beside the paper's published rows (substitutes named in the "
                                      "headers)", interactive=False, visible=False, elem_id="suite-table")
 
-    def refresh(query, picked, kind):
+    def shown(query, kind):
         wb.refresh()
         frame = run_table(wb)
-        return (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings),
-                of_kind(matching(frame, query), kind or "all"),
-                gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])]))
+        return frame, (empty_state(str(wb.root)) if frame.empty else "", warnings_md(wb.warnings),
+                       of_kind(matching(frame, query), kind or "all"))
+
+    def refresh(query, picked, kind):
+        frame, out = shown(query, kind)
+        return *out, gr.Dropdown(choices=list(frame["run"]), value=[r for r in picked or [] if r in set(frame["run"])])
+
+    def tick(query, picked, kind, choices):
+        frame, out = shown(query, kind)
+        return *out, *kept_unless_changed(list(frame["run"]), picked, choices, pick_first=False)
 
     @shown_errors
     def compare_configs(run_ids):
@@ -134,8 +142,11 @@ def runs_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> tuple:
         return gr.Dataframe(value=wb.config_diff(run_ids), visible=True)
 
     # re-read the store on every tick: the tabs see new shards by their next query
-    gr.on([app.load, timer.tick, search.change, view.change], refresh, [search, compared, view],
-          [empty, warnings, runs, compared], api_name="refresh")
+    known = gr.State([])  # the compare picker's choices, so a tick that finds no new run leaves it alone
+    gr.on([search.change, view.change], refresh, [search, compared, view], [empty, warnings, runs, compared],
+          api_name="refresh")
+    app.load(tick, [search, compared, view, known], [empty, warnings, runs, compared, known])
+    ticks.add(tick, [search, compared, view, known], [empty, warnings, runs, compared, known])
     compared.change(compare_configs, compared, differ, api_name="config_diff")
     return runs, suite_table, link_note, compared, overlay
 
@@ -144,21 +155,22 @@ def build(root: str | Path = "runs", experiments: str | Path = "experiments",
           refresh_s: float = REFRESH_S) -> gr.Blocks:
     wb = Workbench(root)
     with gr.Blocks(title="EnvACE Workbench", analytics_enabled=False) as app:
-        timer = gr.Timer(refresh_s)
+        ticks = Ticks(refresh_s)
         gr.Markdown(f"## EnvACE Workbench · `{wb.root}`")
         with gr.Tabs() as tabs:
             with gr.Tab("Runs", id="runs"):
-                runs, suite_table, link_note, compared, overlay = runs_tab(app, wb, timer)
+                runs, suite_table, link_note, compared, overlay = runs_tab(app, wb, ticks)
             with gr.Tab("Inspector", id="inspector"):
-                inspected = inspector.build(app, wb, timer)
+                inspected = inspector.build(app, wb, ticks)
             with gr.Tab("Fidelity", id="fidelity") as tab:
-                measured, tools = dashboards.fidelity_tab(app, wb, timer, tab)
+                measured, tools = dashboards.fidelity_tab(app, wb, ticks, tab)
             with gr.Tab("Private rehearsal", id="rehearsal") as tab:
-                swept, rehearsed, inspect_turn, turn, laddered = dashboards.rehearsal_tab(app, wb, timer, tab)
+                swept, rehearsed, inspect_turn, turn, laddered = dashboards.rehearsal_tab(app, wb, ticks, tab)
             with gr.Tab("Training", id="training") as tab:
-                trained, phase, by_step = dashboards.training_tab(app, wb, timer, tab)
+                trained, phase, by_step = dashboards.training_tab(app, wb, ticks, tab)
             with gr.Tab("Launch", id="launch") as tab:
-                launcher.build(wb, timer, tab, Path(experiments))
+                launcher.build(wb, ticks, tab, Path(experiments))
+        ticks.wire()
 
         @shown_errors
         def open_run(frame: pd.DataFrame, evt: gr.SelectData):

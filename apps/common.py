@@ -60,6 +60,18 @@ def keep_choice(choices: list[str], current: Any, multiselect: bool = False) -> 
     return gr.Dropdown(choices=choices, value=current if current in choices else (choices[0] if choices else None))
 
 
+def kept_unless_changed(choices: list[str], current: Any, known: list[str] | None,
+                        pick_first: bool = True) -> tuple[Any, Any]:
+    """A multiselect run picker's update (the picks still there; else the newest run, if `pick_first`) and the
+    choices it now holds (for a `gr.State`), or two skips while neither changed. A list sent again is a new value to
+    the browser: it fired the picker's `.change` on every tick, which redrew the Training tab's curves (resetting
+    their zoom) and the Runs tab's config diff every 5 s."""
+    kept = [c for c in current or [] if c in choices]
+    if choices == known and kept == list(current or []) and (kept or not pick_first or not choices):
+        return gr.skip(), gr.skip()
+    return gr.Dropdown(choices=choices, value=kept or (choices[:1] if pick_first else []), multiselect=True), choices
+
+
 def rounded(frame: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Float columns rounded for display; other columns (timestamps, text) as they are."""
     floats = frame.select_dtypes("float").columns

@@ -10,14 +10,15 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, keep_choice, kept_unless_changed, linked, rounded, run_choices, shown_errors
+from apps.ticks import Ticks
 from envace import world_model
 from workbench import Workbench, figures
 
 ALL_RUNS = "all runs"  # the Fidelity picker's choice of every run at once
 
 
-def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dataframe]:
+def fidelity_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks, tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dataframe]:
     """Per-tool fidelity of a run's pairs (or every run's), calibration, fidelity over training and a world-model
     run's benchmark. Returns the run picker and the per-tool table (a click on a tool opens its episodes)."""
     note = gr.Markdown(elem_id="fidelity-note")
@@ -59,7 +60,7 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer, tab: gr.Tab) ->
         return choices(linked(request) or current, request)
 
     app.load(landing, run, run)
-    timer.tick(choices, run, run)
+    ticks.add(choices, run, run)
     gr.on([app.load, tab.select, run.change], draw, run,
           [note, table, bars, calibration, over_training, benchmark], api_name="fidelity")
     return run, table
@@ -114,7 +115,7 @@ def _ladder_section(wb: Workbench) -> tuple[gr.Dropdown, Callable, list]:
     return ladder, draw_ladder, [ladder_note, comparisons, diagnosed]
 
 
-def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
+def rehearsal_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
                   tab: gr.Tab) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button, gr.State, gr.Dropdown]:
     """Success against the private budget N, the ladder of memories that tells why it helps or hurts, and one
     committed turn: what it imagined, wrote down and did. Returns the sweep and run pickers, the button (with the
@@ -169,7 +170,7 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
     # the ladder is drawn once its picker holds the page's pick: a draw of the empty picker the page opened with,
     # finishing late, would cover it with the empty note
     app.load(choices, pickers, pickers).then(draw_ladder, ladder, drawn)
-    timer.tick(choices, pickers, pickers)
+    ticks.add(choices, pickers, pickers)
     gr.on([tab.select, ladder.change], draw_ladder, ladder, drawn, api_name="ladder")
     gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
@@ -188,7 +189,7 @@ def ladder_table(frame: pd.DataFrame) -> pd.DataFrame:
     return rounded(out)
 
 
-def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
+def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
                  tab: gr.Tab) -> tuple[gr.Dropdown, gr.Radio, gr.Dataframe]:
     """Curves of the runs picked (metric, x-axis, smoothing), the actors' timeline, the first run's episodes on the
     wall clock (or, for a run stored before episodes kept their times, a note saying so), the last step, and the first
@@ -240,9 +241,9 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
                 gr.Dataframe(rounded(table.reset_index(), 4), visible=True),
                 gr.Dropdown(choices=available, value=chosen), gr.Dataframe(rounded(steps), visible=not steps.empty))
 
-    def choices(current, request: gr.Request):
+    def choices(current, known, request: gr.Request):
         wanted = current or ([linked(request)] if linked(request) else None)
-        return keep_choice(run_choices(wb.runs(), kinds=("train",)), wanted, multiselect=True)
+        return kept_unless_changed(run_choices(wb.runs(), kinds=("train",)), wanted, known)
 
     def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
@@ -251,8 +252,10 @@ def training_tab(app: gr.Blocks, wb: Workbench, timer: gr.Timer,
 
     inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, episode_bars, table, picked,
                                                                  by_step]
-    gr.on([app.load, timer.tick], choices, runs, runs)
+    known = gr.State([])  # the picker's choices, so a tick that finds no new run sends nothing
+    app.load(choices, [runs, known], [runs, known])
+    ticks.add(choices, [runs, known], [runs, known])
     gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
           inputs, outputs, api_name="training")
-    timer.tick(follow, inputs, outputs)
+    ticks.add(follow, inputs, outputs)
     return runs, phase, by_step

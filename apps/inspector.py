@@ -13,6 +13,7 @@ import pandas as pd
 
 from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
 from apps.render import episode_html, tokens_html
+from apps.ticks import Ticks
 from envace.errors import UsageError
 from workbench import Workbench
 
@@ -76,7 +77,7 @@ def step(frame: pd.DataFrame | None, current: str | None, by: int) -> str | None
     return ids[max(0, min(len(ids) - 1, at + by))]
 
 
-def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
+def build(app: gr.Blocks, wb: Workbench, ticks: Ticks) -> Opened:
     note = gr.Markdown(elem_id="inspector-note")
     with gr.Row():
         run = gr.Dropdown(label="run", choices=[], value=None, allow_custom_value=True, scale=2,
@@ -164,7 +165,8 @@ def build(app: gr.Blocks, wb: Workbench, timer: gr.Timer) -> Opened:
         choices = run_choices(wb.runs(), having=wb.runs_with("episodes"))
         return keep_choice(choices, wanted), "" if choices else empty_note("episodes", "episodes")
 
-    gr.on([app.load, timer.tick], runs_with_episodes, run, [run, note])
+    app.load(runs_with_episodes, run, [run, note])
+    ticks.add(runs_with_episodes, run, [run, note])
     return Opened(run, tool, phase, at_step, episode)
 
 

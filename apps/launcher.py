@@ -17,6 +17,7 @@ from typing import Any
 import gradio as gr
 
 from apps.common import shown_errors
+from apps.ticks import Ticks
 from envace.config import toml_literal
 from envace.errors import UsageError
 from workbench import RunHandle, Workbench
@@ -119,7 +120,7 @@ def checked(kind: str, rows: list[dict], now: dict) -> tuple:
             gr.Button(interactive=True))
 
 
-def build(wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> None:
+def build(wb: Workbench, ticks: Ticks, tab: gr.Tab, experiments: Path) -> None:
     handles: dict[str, RunHandle] = {}  # jobs started from this app, by run name
     configs = sorted(str(p) for p in experiments.glob("*.toml"))
     with gr.Row():
@@ -161,13 +162,15 @@ def build(wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> Non
         handles[handle.run_id] = handle
         return gr.Dropdown(choices=list(handles), value=handle.run_id), gr.Timer(active=True)
 
-    def follow(run_id):
+    def follow(run_id, shown_status="", shown_log=""):
+        """The job's status and log tail, each sent only when it changed: every update redraws in the browser."""
         handle = handles.get(run_id)
         if handle is None:
             return "", "", gr.Timer(active=False)
         state = handle.status()
-        shown = f"**{handle.run_id}**: {state}  \n`envace {shlex.join(handle.command[4:])}`"
-        return shown, handle.log_tail(), gr.Timer(active=state in ("running", "stopping"))
+        now = f"**{handle.run_id}**: {state}  \n`envace {shlex.join(handle.command[4:])}`", handle.log_tail()
+        return (*(gr.skip() if new == old else new for new, old in zip(now, (shown_status, shown_log), strict=True)),
+                gr.Timer(active=state in ("running", "stopping")))
 
     def stop_job(run_id):
         handle = handles.get(run_id)
@@ -187,4 +190,5 @@ def build(wb: Workbench, timer: gr.Timer, tab: gr.Tab, experiments: Path) -> Non
     values.change(checked, [kind, fields, values], [preview, changed, check, start])
     start.click(start_job, [config, kind, name, values], [job, fast])
     stop.click(stop_job, job, [status, log, fast])
-    gr.on([job.change, timer.tick, fast.tick], follow, job, [status, log, fast])
+    gr.on([job.change, fast.tick], follow, [job, status, log], [status, log, fast], show_progress="hidden")
+    ticks.add(follow, [job, status, log], [status, log, fast])

@@ -494,14 +494,20 @@ def test_screenshots_take_the_newest_complete_demo_and_say_when_there_is_none(tm
 
 
 def test_pageload_times_each_runs_link_and_refuses_bad_input(store, browser, tmp_path, capsys):
-    """`python -m apps.pageload` (docs/benchmarks.md): a time per link opened, the medians; bad input one line."""
+    """`python -m apps.pageload` (docs/benchmarks.md): a time per link opened, the medians, the browser's CPU
+    on each tab while the timer ticks; bad input one line."""
     from apps import pageload
 
-    assert pageload.main(["--root", str(store), "--repeat", "1", "--limit", "1"]) == 0
-    *lines, median = [line for line in capsys.readouterr().out.splitlines() if " link " in line]  # not Gradio's
+    assert pageload.main(["--root", str(store), "--repeat", "1", "--limit", "1", "--idle", "0.3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    *lines, median = [line for line in out if " link " in line]  # not Gradio's
     assert len(lines) == 1 and float(lines[0].split("link")[1].split()[0]) > 0
     assert median.startswith("median over 1: link ")
-    for argv in (["--root", str(store), "--repeat", "0"], ["--root", str(tmp_path)]):
+    idle = [line for line in out if line.startswith("idle on ")]
+    assert [line.split()[2] for line in idle] == ["Inspector", "Runs", "Fidelity", "Private", "Training", "Launch"]
+    assert all(float(line.split("browser")[1].split()[0]) >= 0 for line in idle)
+    for argv in (["--root", str(store), "--repeat", "0"], ["--root", str(tmp_path)], ["--root", str(store),
+                 "--idle", "-1"]):
         assert pageload.main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: "), err
@@ -517,3 +523,79 @@ def test_the_launch_tab_checks_the_run_name_before_writing_anything(app_url, sto
         client.predict("experiments/smoke.toml", "rollout", name, api_name="/start_job")
     assert (sorted(logs.rglob("*")) if logs.exists() else []) == before  # no config written, no folder made
     assert not list(tmp_path.iterdir()) and not list(store.parent.glob("escaped*"))  # nor outside the store
+
+
+def test_each_timer_of_the_app_runs_one_event_a_tick_without_a_spinner(tmp_path):
+    """Every event redraws the page's status in the browser: seven views listening to the store's 5 s timer kept
+    headless Chromium at ~0.5 core on an idle Launch tab, and a job launched from it ran 3× slower on two cores
+    (`docs/benchmarks.md`). Each timer now drives one event (`apps.ticks.Ticks`), without a progress spinner."""
+    import gradio as gr
+
+    from apps.app import build
+
+    app = build(tmp_path)
+    timers = [b for b in app.blocks.values() if isinstance(b, gr.Timer)]
+    assert len(timers) == 2  # the store's, and the Launch tab's while a job starts or stops
+    for timer in timers:
+        [event] = [f for f in app.fns.values() if (timer._id, "tick") in f.targets]
+        assert event.show_progress == "hidden"
+
+
+def test_a_view_that_fails_on_the_tick_leaves_the_others_updating():
+    import gradio as gr
+
+    from apps.ticks import Ticks
+
+    requests = []
+
+    def second(text, other, request: gr.Request):
+        requests.append(request)
+        return text.upper(), other + "!"
+
+    with gr.Blocks() as app:
+        ticks = Ticks(5.0)
+        a, b, c = gr.Textbox("a"), gr.Textbox("b"), gr.Textbox("c")
+        ticks.add(lambda text: 1 / 0, a, a)
+        ticks.add(second, [b, a], [b, c])
+        ticks.wire()
+    [event] = [f for f in app.fns.values() if (ticks.timer._id, "tick") in f.targets]
+    with pytest.warns(UserWarning, match="division by zero"):
+        out = event.fn("the request", "a", "b")  # the request first, then each input once: a, b
+    assert out[0] == gr.skip() and out[1:] == ["B", "a!"] and requests == ["the request"]
+
+
+@pytest.mark.heavy
+def test_a_tick_that_finds_nothing_new_runs_no_other_event(app_url, browser, monkeypatch):
+    """Sending a multiselect picker the same runs fired its `.change` in the browser: every tick redrew the
+    Training tab's curves (their zoom reset every 5 s) and the Runs tab's config diff. Idle on Training with a run
+    picked, two ticks run and nothing else."""
+    import collections
+    import time
+
+    import gradio.blocks
+
+    ran, process = collections.Counter(), gradio.blocks.Blocks.process_api
+
+    async def counted(self, block_fn, *args, **kwargs):
+        ran[getattr(block_fn, "name", None) or str(block_fn)] += 1
+        return await process(self, block_fn, *args, **kwargs)
+
+    browser.get(app_url)
+    open_tab(browser, "Training")
+    time.sleep(3)  # the tab's first draw done
+    monkeypatch.setattr(gradio.blocks.Blocks, "process_api", counted)
+    time.sleep(11)
+    assert ran and set(ran) == {"tick"}, ran
+
+
+def test_a_picker_is_sent_only_when_its_runs_or_its_pick_changed():
+    import gradio as gr
+
+    from apps.common import kept_unless_changed
+
+    assert kept_unless_changed(["a", "b"], ["b"], ["a", "b"]) == (gr.skip(), gr.skip())
+    assert kept_unless_changed(["a", "b"], [], ["a", "b"], pick_first=False) == (gr.skip(), gr.skip())
+    update, known = kept_unless_changed(["c", "a", "b"], ["b"], ["a", "b"])  # a new run: sent, the pick kept
+    assert ([c[0] for c in update.choices], update.value, known) == (["c", "a", "b"], ["b"], ["c", "a", "b"])
+    update, _ = kept_unless_changed(["a"], ["b"], ["a", "b"])  # the picked run is gone: the newest instead
+    assert update.value == ["a"]
