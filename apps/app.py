@@ -132,7 +132,8 @@ def runs_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks) -> tuple:
 
     def tick(query, picked, kind, choices):
         frame, out = shown(query, kind)
-        return *out, *kept_unless_changed(list(frame["run"]), picked, choices, pick_first=False)
+        return *out, *kept_unless_changed(list(frame["run"]), picked, choices, multiselect=True,
+                                                    pick_first=False)
 
     @shown_errors
     def compare_configs(run_ids):

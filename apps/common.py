@@ -60,12 +60,17 @@ def keep_choice(choices: list[str], current: Any, multiselect: bool = False) -> 
     return gr.Dropdown(choices=choices, value=current if current in choices else (choices[0] if choices else None))
 
 
-def kept_unless_changed(choices: list[str], current: Any, known: list[str] | None,
+def kept_unless_changed(choices: list[str], current: Any, known: list[str] | None, multiselect: bool = False,
                         pick_first: bool = True) -> tuple[Any, Any]:
-    """A multiselect run picker's update (the picks still there; else the newest run, if `pick_first`) and the
-    choices it now holds (for a `gr.State`), or two skips while neither changed. A list sent again is a new value to
-    the browser: it fired the picker's `.change` on every tick, which redrew the Training tab's curves (resetting
-    their zoom) and the Runs tab's config diff every 5 s."""
+    """A run picker's update (`keep_choice`'s; a multiselect without `pick_first` may stay empty) and the choices it
+    now holds (for a `gr.State`), or two skips while its choices are those it holds and its pick is among them.
+    The timer's tick must not send a picker what it holds: the value it read when it fired may be older than the
+    user's pick, and a multiselect's list, sent again, fires its `.change` (which redrew the Training tab's curves,
+    resetting their zoom, and the Runs tab's config diff every 5 s)."""
+    if not multiselect:
+        if choices == known and current in choices:
+            return gr.skip(), gr.skip()
+        return keep_choice(choices, current), choices
     kept = [c for c in current or [] if c in choices]
     if choices == known and kept == list(current or []) and (kept or not pick_first or not choices):
         return gr.skip(), gr.skip()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, keep_choice, kept_unless_changed, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, kept_unless_changed, linked, rounded, run_choices, shown_errors
 from apps.ticks import Ticks
 from envace import world_model
 from workbench import Workbench, figures
@@ -53,16 +53,17 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks, tab: gr.Tab) -> tu
                 figures.calibration(wb.calibration(scoped)), gr.Plot(value=over, visible=is_train),
                 gr.Dataframe(value=_intervals(wb.world_model(scoped)) if measured else None, visible=measured))
 
-    def choices(current, request: gr.Request):
-        return keep_choice([ALL_RUNS, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current)
+    def choices(current, known, request: gr.Request):
+        return kept_unless_changed([ALL_RUNS, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current, known)
 
-    def landing(current, request: gr.Request):  # `?run=NAME` picks that run first (if it has pairs)
-        return choices(linked(request) or current, request)
+    def landing(current, known, request: gr.Request):  # `?run=NAME` picks that run first (if it has pairs)
+        return choices(linked(request) or current, known, request)
 
-    app.load(landing, run, run)
-    ticks.add(choices, run, run)
-    gr.on([app.load, tab.select, run.change], draw, run,
-          [note, table, bars, calibration, over_training, benchmark], api_name="fidelity")
+    known = gr.State([])  # the picker's choices: a tick sends it nothing while they stand
+    ticks.add(choices, [run, known], [run, known])
+    outputs = [note, table, bars, calibration, over_training, benchmark]
+    app.load(landing, [run, known], [run, known]).then(draw, run, outputs)  # once the page's pick is in the picker
+    gr.on([tab.select, run.change], draw, run, outputs, api_name="fidelity")
     return run, table
 
 
@@ -161,18 +162,22 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
                 first["completion_text"].iloc[0] if len(first) else "", (run_id, row["episode_id"]),
                 gr.Button(visible=True))
 
-    def choices(current_sweep, current_run, current_ladder, request: gr.Request):
-        return (keep_choice(run_choices(wb.runs(), having=wb.runs_with("sweep")), current_sweep or linked(request)),
-                keep_choice(run_choices(wb.runs(), having=wb.runs_with("memories")), current_run or linked(request)),
-                keep_choice(run_choices(wb.runs(), having=wb.runs_with("ladder")), current_ladder or linked(request)))
+    def choices(current_sweep, current_run, current_ladder, known, request: gr.Request):
+        known = known or [None] * 3
+        picks = [kept_unless_changed(run_choices(wb.runs(), having=wb.runs_with(table)), current or linked(request),
+                                     held) for table, current, held in
+                 zip(("sweep", "memories", "ladder"), (current_sweep, current_run, current_ladder), known, strict=True)]
+        held = [new if new != gr.skip() else old for (_, new), old in zip(picks, known, strict=True)]
+        return *(update for update, _ in picks), held
 
-    pickers = [sweep, run, ladder]
+    pickers, known = [sweep, run, ladder], gr.State(None)  # known: the pickers' choices, sent only when they change
     # the ladder is drawn once its picker holds the page's pick: a draw of the empty picker the page opened with,
     # finishing late, would cover it with the empty note
-    app.load(choices, pickers, pickers).then(draw_ladder, ladder, drawn)
-    ticks.add(choices, pickers, pickers)
+    app.load(choices, [*pickers, known], [*pickers, known]).then(draw_ladder, ladder, drawn).then(
+        draw, [sweep, metric], [note, curves, cells])
+    ticks.add(choices, [*pickers, known], [*pickers, known])
     gr.on([tab.select, ladder.change], draw_ladder, ladder, drawn, api_name="ladder")
-    gr.on([app.load, tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
+    gr.on([tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
           api_name="budget_curves")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed, opened, inspect])
@@ -243,7 +248,7 @@ def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
 
     def choices(current, known, request: gr.Request):
         wanted = current or ([linked(request)] if linked(request) else None)
-        return kept_unless_changed(run_choices(wb.runs(), kinds=("train",)), wanted, known)
+        return kept_unless_changed(run_choices(wb.runs(), kinds=("train",)), wanted, known, multiselect=True)
 
     def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
@@ -253,9 +258,11 @@ def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
     inputs, outputs = [runs, phase, smoothing, picked, x_axis], [note, curves, timeline, episode_bars, table, picked,
                                                                  by_step]
     known = gr.State([])  # the picker's choices, so a tick that finds no new run sends nothing
-    app.load(choices, [runs, known], [runs, known])
     ticks.add(choices, [runs, known], [runs, known])
-    gr.on([app.load, tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
+    # drawn once the picker holds the page's pick: a draw of the empty picker the page opened with, finishing late,
+    # would cover the curves with the empty note (no tick redraws them since a tick sends a picker nothing new)
+    app.load(choices, [runs, known], [runs, known]).then(draw, inputs, outputs)
+    gr.on([tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
           inputs, outputs, api_name="training")
     ticks.add(follow, inputs, outputs)
     return runs, phase, by_step

@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, keep_choice, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, kept_unless_changed, linked, rounded, run_choices, shown_errors
 from apps.render import episode_html, tokens_html
 from apps.ticks import Ticks
 from envace.errors import UsageError
@@ -159,14 +159,17 @@ def build(app: gr.Blocks, wb: Workbench, ticks: Ticks) -> Opened:
     group.select(pick, group, episode)
     export.click(shown_errors(lambda run_id, episode_id: exported(wb, run_id, episode_id)), [run, episode], download)
 
-    def runs_with_episodes(current, request: gr.Request):
+    def runs_with_episodes(current, known, request: gr.Request):
         # `?run=NAME` in the page's address opens that run first: a link to a run can be shared
-        wanted = current or linked(request)
         choices = run_choices(wb.runs(), having=wb.runs_with("episodes"))
-        return keep_choice(choices, wanted), "" if choices else empty_note("episodes", "episodes")
+        update, held = kept_unless_changed(choices, current or linked(request), known)
+        if held == gr.skip():  # its choices stand: nothing sent (the tick's value may be older than a pick)
+            return update, gr.skip(), held
+        return update, "" if choices else empty_note("episodes", "episodes"), held
 
-    app.load(runs_with_episodes, run, [run, note])
-    ticks.add(runs_with_episodes, run, [run, note])
+    known = gr.State([])
+    app.load(runs_with_episodes, [run, known], [run, note, known])
+    ticks.add(runs_with_episodes, [run, known], [run, note, known])
     return Opened(run, tool, phase, at_step, episode)
 
 

@@ -353,7 +353,8 @@ def test_every_episode_and_every_tab_open_on_the_real_model_store(real_app_url, 
                 listed_row, message=f"{run}: row {i} of {len(expected)} is not {episode}; menu "
                 f"{browser.find_element(*menu).get_attribute('value')!r}, toasts {toasts(browser)}").click()
             shown = (By.CSS_SELECTOR, f"#inspector-view [data-run='{run}'] [data-episode='{episode}']")
-            waiting(browser, 60).until(lambda d, s=shown: d.find_elements(*s))
+            waiting(browser, 60).until(lambda d, s=shown: d.find_elements(*s), message=f"{run}: {episode} not shown; "
+                                       f"toasts {toasts(browser)}")
             assert toasts(browser) == [], (run, episode)
             if episode in rehearsed.get(run, ()):  # what private rehearsal imagined, in its turn
                 assert browser.find_elements(By.CSS_SELECTOR, "#inspector-view details.private"), (run, episode)
@@ -593,9 +594,13 @@ def test_a_picker_is_sent_only_when_its_runs_or_its_pick_changed():
 
     from apps.common import kept_unless_changed
 
-    assert kept_unless_changed(["a", "b"], ["b"], ["a", "b"]) == (gr.skip(), gr.skip())
-    assert kept_unless_changed(["a", "b"], [], ["a", "b"], pick_first=False) == (gr.skip(), gr.skip())
-    update, known = kept_unless_changed(["c", "a", "b"], ["b"], ["a", "b"])  # a new run: sent, the pick kept
+    skip = (gr.skip(), gr.skip())
+    assert kept_unless_changed(["a", "b"], ["b"], ["a", "b"], multiselect=True) == skip
+    assert kept_unless_changed(["a", "b"], [], ["a", "b"], multiselect=True, pick_first=False) == skip
+    update, known = kept_unless_changed(["c", "a", "b"], ["b"], ["a", "b"], multiselect=True)  # a new run: sent
     assert ([c[0] for c in update.choices], update.value, known) == (["c", "a", "b"], ["b"], ["c", "a", "b"])
-    update, _ = kept_unless_changed(["a"], ["b"], ["a", "b"])  # the picked run is gone: the newest instead
+    update, _ = kept_unless_changed(["a"], ["b"], ["a", "b"], multiselect=True)  # the pick is gone: the newest
     assert update.value == ["a"]
+    assert kept_unless_changed(["a", "b"], "b", ["a", "b"]) == skip  # one pick: a tick never sends it back
+    update, known = kept_unless_changed(["a", "b"], "c", ["a", "b"])
+    assert update.value == "a" and known == ["a", "b"]
