@@ -52,29 +52,24 @@ def linked(request: gr.Request | None, key: str = "run") -> str | None:
     return value or None
 
 
-def keep_choice(choices: list[str], current: Any, multiselect: bool = False) -> gr.Dropdown:
-    """New choices for a run picker, keeping the user's pick while it is still there (else the newest)."""
-    if multiselect:
-        kept = [c for c in (current or []) if c in choices]
-        return gr.Dropdown(choices=choices, value=kept or choices[:1])
-    return gr.Dropdown(choices=choices, value=current if current in choices else (choices[0] if choices else None))
-
-
 def kept_unless_changed(choices: list[str], current: Any, known: list[str] | None, multiselect: bool = False,
                         pick_first: bool = True) -> tuple[Any, Any]:
-    """A run picker's update (`keep_choice`'s; a multiselect without `pick_first` may stay empty) and the choices it
-    now holds (for a `gr.State`), or two skips while its choices are those it holds and its pick is among them.
+    """A run picker's update, keeping the user's pick while it is still among `choices` (else the newest; a
+    multiselect without `pick_first` may stay empty), and the choices it now holds (for a `gr.State`); or two skips
+    while its choices are those it holds and its pick is among them.
     The timer's tick must not send a picker what it holds: the value it read when it fired may be older than the
     user's pick, and a multiselect's list, sent again, fires its `.change` (which redrew the Training tab's curves,
     resetting their zoom, and the Runs tab's config diff every 5 s)."""
-    if not multiselect:
-        if choices == known and current in choices:
+    if multiselect:
+        kept = [c for c in current or [] if c in choices]
+        if choices == known and kept == list(current or []) and (kept or not pick_first or not choices):
             return gr.skip(), gr.skip()
-        return keep_choice(choices, current), choices
-    kept = [c for c in current or [] if c in choices]
-    if choices == known and kept == list(current or []) and (kept or not pick_first or not choices):
+        picked = kept or (choices[:1] if pick_first else [])
+        return gr.Dropdown(choices=choices, value=picked, multiselect=True), choices
+    if choices == known and current in choices:
         return gr.skip(), gr.skip()
-    return gr.Dropdown(choices=choices, value=kept or (choices[:1] if pick_first else []), multiselect=True), choices
+    newest = choices[0] if choices else None
+    return gr.Dropdown(choices=choices, value=current if current in choices else newest), choices
 
 
 def rounded(frame: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
