@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from envace.envs import registry
 from envace.policy.hf import HFBackend
@@ -16,6 +17,18 @@ from envace.policy.tiny import build_tiny
 def in_ci() -> bool:
     """CI sets CI=true: there a missing part of the test environment is a failure, never a skip."""
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+SESSION_THREADS = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def session_threads():
+    """Every test leaves torch on the session's threads. A test may set one thread (a peak of one thread's buffers,
+    the float order of a 1-CPU Ray worker); left so, every later test in this process ran on one of the two cores
+    (`test_precision`'s did: the files after it, two fifths of the suite's time)."""
+    yield
+    torch.set_num_threads(SESSION_THREADS)
 
 
 @pytest.fixture(scope="session")

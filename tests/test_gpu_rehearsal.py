@@ -237,7 +237,7 @@ def test_the_device_check_runs_without_trl_and_datasets(transformers):
     check on a deferred, unaligned group present and passing, flex said to be n/a on a CPU."""
     import time
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVACE_VLLM_PYTHON": "", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "ENVACE_VLLM_PYTHON": "", "PYTHONUNBUFFERED": "1"}
     if transformers == "5.17":
         assert (TRANSFORMERS_5_17 / "transformers").is_dir(), "run `make gpu-rehearsal` (it installs 5.17)"
         env["PYTHONPATH"] = str(TRANSFORMERS_5_17)
@@ -353,7 +353,7 @@ def test_the_hf_backends_own_tests_pass_under_transformers_5_17():
     assert (TRANSFORMERS_5_17 / "transformers").is_dir(), "run `make gpu-rehearsal` (it installs 5.17)"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_backend.py"],
                           capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TRANSFORMERS_5_17)})
+                          env={**os.environ, "PYTHONPATH": str(TRANSFORMERS_5_17)})
     assert done.returncode == 0, done.stdout[-3000:]
 
 
@@ -387,7 +387,7 @@ def test_the_device_training_check_rehearses_on_cpu_with_only_the_device_images_
     (tmp_path / "hook" / "sitecustomize.py").write_text(HOOK)
     (tmp_path / "out").mkdir()
     log = tmp_path / "imports.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
            "ENVACE_HOME": str(tmp_path / "home"), "PYTHONPATH": f"{tmp_path / 'hook'}:{TRANSFORMERS_5_17}",
            "ENVACE_ABSENT": absent, "ENVACE_ABSENT_LOG": str(log)}
     proc = subprocess.Popen(["bash", str(DEVICE_TRAIN.with_suffix(".sh")), "--cpu"], stdout=subprocess.PIPE,
