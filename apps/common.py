@@ -72,6 +72,15 @@ def kept_unless_changed(choices: list[str], current: Any, known: list[str] | Non
     return gr.Dropdown(choices=choices, value=current if current in choices else newest), choices
 
 
+def first_draw(update: Any, current: Any, outputs: int, draw: Callable[..., Any], *rest: Any) -> tuple:
+    """A tab's draw at page load, sent with its picker's update (so it never lands before the pick): none when
+    the update moves the pick, whose `.change` draws it then (a second draw doubled the tab's first paint), else
+    `draw(current, *rest)`, since Gradio fires no `.change` for a value sent again unchanged."""
+    sent = update.constructor_args if isinstance(update, gr.components.Component) else {}  # what the event sends
+    moves = "value" in sent and sent["value"] != current
+    return (gr.skip(),) * outputs if moves else tuple(draw(current, *rest))
+
+
 def rounded(frame: pd.DataFrame, digits: int = 3) -> pd.DataFrame:
     """Float columns rounded for display; other columns (timestamps, text) as they are."""
     floats = frame.select_dtypes("float").columns

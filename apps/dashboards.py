@@ -10,7 +10,7 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, kept_unless_changed, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, first_draw, kept_unless_changed, linked, rounded, run_choices, shown_errors
 from apps.ticks import Ticks
 from envace import world_model
 from workbench import Workbench, figures
@@ -56,14 +56,18 @@ def fidelity_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks, tab: gr.Tab) -> tu
     def choices(current, known, request: gr.Request):
         return kept_unless_changed([ALL_RUNS, *run_choices(wb.runs(), having=wb.runs_with("pairs"))], current, known)
 
+    outputs = [note, table, bars, calibration, over_training, benchmark]
+
     def landing(current, known, request: gr.Request):  # `?run=NAME` picks that run first (if it has pairs)
-        return choices(linked(request) or current, known, request)
+        update, held = choices(linked(request) or current, known, request)
+        return update, held, *first_draw(update, current, len(outputs), draw)
 
     known = gr.State([])  # the picker's choices: a tick sends it nothing while they stand
     ticks.add(choices, [run, known], [run, known])
-    outputs = [note, table, bars, calibration, over_training, benchmark]
-    app.load(landing, [run, known], [run, known]).then(draw, run, outputs)  # once the page's pick is in the picker
-    gr.on([tab.select, run.change], draw, run, outputs, api_name="fidelity")
+    app.load(landing, [run, known], [run, known, *outputs])
+    # always_last: a pick that lands while a draw is pending (a link's tab opening as the load fills the picker)
+    # is drawn after it; Gradio's default for a listener led by `.select` drops it
+    gr.on([tab.select, run.change], draw, run, outputs, api_name="fidelity", trigger_mode="always_last")
     return run, table
 
 
@@ -98,7 +102,7 @@ def _ladder_section(wb: Workbench) -> tuple[gr.Dropdown, Callable, list]:
                                    "copies an imagined one / fidelity of the answers it was written from",
                              interactive=False, elem_id="ladder-diagnosis")
     @shown_errors
-    def draw_ladder(ladder_id, request: gr.Request):
+    def draw_ladder(ladder_id, request: gr.Request | None = None):
         # An empty picker is the page's pick not arrived yet (the tab's select can run before the load's choices
         # land): draw what it will hold, the linked ladder else the newest, so that a draw finishing late never
         # covers the ladder with the empty note
@@ -170,15 +174,17 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
         held = [new if new != gr.skip() else old for (_, new), old in zip(picks, known, strict=True)]
         return *(update for update, _ in picks), held
 
+    def landing(current_sweep, current_run, current_ladder, metric, known, request: gr.Request):
+        to_sweep, to_run, to_ladder, held = choices(current_sweep, current_run, current_ladder, known, request)
+        return (to_sweep, to_run, to_ladder, held, *first_draw(to_ladder, current_ladder, len(drawn), draw_ladder),
+                *first_draw(to_sweep, current_sweep, 3, draw, metric))
+
     pickers, known = [sweep, run, ladder], gr.State(None)  # known: the pickers' choices, sent only when they change
-    # the ladder is drawn once its picker holds the page's pick: a draw of the empty picker the page opened with,
-    # finishing late, would cover it with the empty note
-    app.load(choices, [*pickers, known], [*pickers, known]).then(draw_ladder, ladder, drawn).then(
-        draw, [sweep, metric], [note, curves, cells])
+    app.load(landing, [*pickers, metric, known], [*pickers, known, *drawn, note, curves, cells])
     ticks.add(choices, [*pickers, known], [*pickers, known])
-    gr.on([tab.select, ladder.change], draw_ladder, ladder, drawn, api_name="ladder")
+    gr.on([tab.select, ladder.change], draw_ladder, ladder, drawn, api_name="ladder", trigger_mode="always_last")
     gr.on([tab.select, sweep.change, metric.change], draw, [sweep, metric], [note, curves, cells],
-          api_name="budget_curves")
+          api_name="budget_curves", trigger_mode="always_last")
     run.change(list_turns, run, turns, api_name="rehearsed_turns")
     turns.select(open_turn, [run, turns], [imagined, memory, committed, opened, inspect])
     return sweep, run, inspect, opened, ladder
@@ -250,6 +256,10 @@ def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
         wanted = current or ([linked(request)] if linked(request) else None)
         return kept_unless_changed(run_choices(wb.runs(), kinds=("train",)), wanted, known, multiselect=True)
 
+    def landing(current, phase, smoothing, chosen, x, known, request: gr.Request):
+        update, held = choices(current, known, request)
+        return update, held, *first_draw(update, current, len(outputs), draw, phase, smoothing, chosen, x)
+
     def follow(run_ids, phase, smoothing, chosen, x):
         # only runs still writing get new points; redrawing finished ones would reset the zoom
         running = set(wb.runs().query("status == 'running'")["run_id"])
@@ -259,10 +269,8 @@ def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
                                                                  by_step]
     known = gr.State([])  # the picker's choices, so a tick that finds no new run sends nothing
     ticks.add(choices, [runs, known], [runs, known])
-    # drawn once the picker holds the page's pick: a draw of the empty picker the page opened with, finishing late,
-    # would cover the curves with the empty note (no tick redraws them since a tick sends a picker nothing new)
-    app.load(choices, [runs, known], [runs, known]).then(draw, inputs, outputs)
+    app.load(landing, [*inputs, known], [runs, known, *outputs])
     gr.on([tab.select, runs.change, phase.change, smoothing.release, picked.input, x_axis.change], draw,
-          inputs, outputs, api_name="training")
+          inputs, outputs, api_name="training", trigger_mode="always_last")
     ticks.add(follow, inputs, outputs)
     return runs, phase, by_step
