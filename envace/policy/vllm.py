@@ -225,7 +225,7 @@ class Server:
                     return time.perf_counter() - started
             except UsageError:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)  # a request to a starting server costs nothing; a second's poll lost half a second a start
         self.stop()
         raise UsageError(f"the vLLM server at {self.url} did not answer within {timeout_s:.0f} s "
                          f"(log: {self.log_path})")
