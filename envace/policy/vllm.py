@@ -372,6 +372,10 @@ def _environment(command: list[str], gpu_memory: float, devices: list[int] | Non
     # vLLM's default one-core binding here (docs/log/benchmarks-2026-12.md); tcmalloc, where installed, as vLLM
     # advises.
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{len(os.sched_getaffinity(0)) - 1}")
+    # The model runs inside the engine process: unless this is 0, vLLM's CPU platform swaps its one-process
+    # executor for a worker process of its own (one more interpreter to import vLLM, one more hop a step): up ~9 s
+    # sooner, tokens/s no lower (experiments/vllm_cpu_engine.py, docs/benchmarks.md).
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if Path(TCMALLOC).exists() and "tcmalloc" not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
     return env
