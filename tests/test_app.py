@@ -615,7 +615,10 @@ def test_a_links_page_load_draws_each_chart_tab_once(app_url, browser, monkeypat
     for link, opens in (("trained", "Training"), ("sw", "Private rehearsal")):
         drawn.clear()
         browser.get(f"{app_url}?run={link}")
-        time.sleep(4)  # settled, under the 5 s tick
+        deadline = time.time() + 60
+        while any(drawn[n] == 0 for n in draws) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # a second draw would have come by now (no run here is running: no tick redraws one)
         assert {n: drawn[n] for n, tab in draws.items() if tab != opens} == {
             n: 1 for n, tab in draws.items() if tab != opens}, (link, drawn)
         assert drawn[next(n for n, tab in draws.items() if tab == opens)] >= 1, (link, drawn)  # and drawn
