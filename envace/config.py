@@ -533,6 +533,11 @@ class GRPOConfig(Config):
         "after k updates, update, play again) | k ≥ 1 (an actor plays step b with the weights after b − k updates "
         "while the learner updates, correcting with truncated importance sampling: needs importance_cap; "
         "one process, or Ray's actors and learner ranks under [train.ray])", 0)
+    partial_rollouts: bool = doc(
+        "with max_staleness ≥ 1: each version the learner publishes is offered to the step in flight too, taken "
+        "between two backend calls (partial rollouts, as verl and AReaL): a group may start on version v and finish "
+        "on v + 1, each generation stored with its own version and corrected against its own log-probs. Fresher "
+        "tails; a resumed run no longer replays bit for bit (envace/training/partial.py)", False)
     importance_cap: float | None = doc("truncated importance sampling against the sampler's log-probs "
                                        "(vLLM's differ slightly from the trainer's): each token's weight is "
                                        "min(pi/pi_sampler, cap); unset = off", None)
@@ -545,6 +550,9 @@ class GRPOConfig(Config):
             raise UsageError(f"units: expected a non-empty list of unit uids, got {self.units!r}")
         within(self, 0, 1, "real_fraction_end")
         positive(self, "lr")
+        if self.partial_rollouts and not self.max_staleness:
+            raise UsageError("partial_rollouts: needs max_staleness ≥ 1 (a synchronous step is played after the "
+                             "newest version is published: no newer one can arrive while it plays)")
         if self.max_staleness and self.importance_cap is None:
             raise UsageError("max_staleness: sampling k versions behind the update needs its correction: set "
                              "importance_cap (truncated importance sampling against the sampler's log-probs, "

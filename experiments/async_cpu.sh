@@ -7,14 +7,7 @@
 # the rehearser's rows differ within a group too. A re-run keeps every run that completed and resumes one that
 # did not. STEPS sets the GRPO steps (default 4); ENVACE_RUNS the runs folder.
 set -euo pipefail
-CONFIG=experiments/demo.toml
-ROOT=${ENVACE_RUNS:-runs}
-STEPS=${STEPS:-4}
-envace() { .venv/bin/envace "$@"; }
-done_run() { grep -qs '"status": "completed"' "$ROOT/$1/run.json"; }
-start_or_resume() { if [ -e "$ROOT/$1/run.json" ]; then echo --resume "$1"; else echo --run-name "$1"; fi; }
-
-done_run async-sft || envace train "$CONFIG" --root "$ROOT" $(start_or_resume async-sft) --set grpo.steps=0
+source experiments/runs.sh  # CONFIG, ROOT, STEPS, envace, done_run, start_or_resume; the SFT run
 for K in 0 1 2; do
   done_run "async-k$K" || envace train "$CONFIG" --root "$ROOT" $(start_or_resume "async-k$K") \
     --set model="$ROOT/async-sft/checkpoint" --set sft.tasks=0 --set grpo.steps="$STEPS" \

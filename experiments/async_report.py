@@ -7,7 +7,7 @@ wall, each part's busy share of it (rollouts, update, the learner's wait for rol
 loads, the pushes to the server), the staleness of what was trained on, and the rollouts' idle share: in a
 step, 1 − Σ caller messages / (episodes × the longest episode's), the share of the batch's episode slots, in
 engine rounds, that wait for the longest episode (episodes kept in flight across steps would fill them). Writes
-docs/figures/async_cpu.html (busy shares per run) unless --no-figure.
+the figure (busy shares per run) to --figure (default docs/figures/async_cpu.html) unless --no-figure.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("runs", nargs="+")
     parser.add_argument("--root", default="runs")
     parser.add_argument("--no-figure", action="store_true")
+    parser.add_argument("--figure", default="docs/figures/async_cpu.html", help="where the figure goes")
     args = parser.parse_args()
     if not Path(args.root).is_dir():
         print(f"error: no runs folder at {args.root}", file=sys.stderr)
@@ -85,7 +86,7 @@ def main() -> int:
         return 2
     print(table(rows))
     if not args.no_figure:
-        out = Path("docs/figures/async_cpu.html")
+        out = Path(args.figure)
         figure(rows, out)
         print(f"figure: {out}")
     return 0

@@ -45,6 +45,11 @@ def _marker(runs: Path) -> Path:
     return runs.parent / f"played-{runs.name}"  # beside the runs folder, which workers may not touch
 
 
+def _hold(runs: Path) -> Path:
+    """While this file exists, each actor's chunk of step 2 waits after its first call for a newer version."""
+    return runs.parent / f"hold-{runs.name}"
+
+
 def _slow(runs: Path) -> Path:
     """While this file holds "I S", Ray actor I sleeps S seconds a group before it plays (`ray_workers`)."""
     return runs.parent / f"slow-{runs.name}"
@@ -57,7 +62,8 @@ def cluster(tmp_path_factory):
     # the nodes' raylets keep this environment for every worker they start
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(HOOKS), os.environ.get("PYTHONPATH")) if p),
            "ENVACE_TEST_HALF_GOLD": "1", "ENVACE_TEST_FORBIDDEN": str(runs),
-           "ENVACE_TEST_PLAY_FAILS": str(_marker(runs)), "ENVACE_TEST_SLOW_ACTOR": str(_slow(runs))}
+           "ENVACE_TEST_PLAY_FAILS": str(_marker(runs)), "ENVACE_TEST_SLOW_ACTOR": str(_slow(runs)),
+           "ENVACE_TEST_HOLD_FOR_OFFER": str(_hold(runs))}
     with loopback_cluster({"num_cpus": 2, "env_vars": env}, {"num_cpus": 2, "env_vars": env}) as (address, _):
         yield address, runs
 
@@ -216,6 +222,27 @@ def test_a_slow_actor_plays_fewer_groups_and_every_group_is_stored_once(cluster,
     busy = dict(con.execute("SELECT name, value FROM metrics WHERE run_id = 'slow-actor' AND phase = 'grpo' "
                             "AND name IN ('actor0_rollout_s', 'actor1_rollout_s')").fetchall())
     assert busy["actor1_rollout_s"] >= 4 * groups[1]  # each actor's busy time on the step: actor 1 slept
+
+
+@pytest.mark.heavy
+def test_partial_rollouts_reach_an_actor_mid_chunk(cluster):
+    """`grpo.partial_rollouts` under Ray: the version published by the first update is offered to both actors
+    while each plays its chunk of step 2 (`offer` runs beside `play`: the actors take two calls at once), and
+    each chunk goes on with it from its next call. Every generation stores its own version, within the bound."""
+    address, runs = cluster
+    _hold(runs).touch()
+    try:
+        assert _train(address, runs, "partial", 2, "--set", "ray.actors=2", "--set", "ray.learners=1",
+                      "--set", "grpo.partial_rollouts=true") == 0
+    finally:
+        _hold(runs).unlink()
+    con = connect(runs)
+    assert not _stored_once(con, "partial", 2)  # no restarts
+    groups = con.execute("SELECT min(policy_version), max(policy_version) FROM generations WHERE run_id = "
+                         "'partial' AND step = 1 GROUP BY split_part(episode_id, '#', 1)").fetchall()
+    assert groups == [(0, 1), (0, 1)], groups  # each actor's group straddles the publish
+    assert con.execute("SELECT min(step - policy_version), max(step - policy_version) FROM generations WHERE "
+                       "run_id = 'partial'").fetchall() == [(0, 1)]
 
 
 def test_a_failed_actor_call_is_named_in_one_line():

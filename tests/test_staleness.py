@@ -119,3 +119,42 @@ def test_bad_staleness_settings_are_one_line_and_exit_2(tmp_path, capsys, settin
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_staleness" in err[0]
     assert not list(tmp_path.iterdir())  # refused before any run was created
+
+
+@pytest.mark.heavy
+def test_partial_rollouts_let_a_group_straddle_a_publish_and_bound_every_generation(tmp_path, half_gold,
+                                                                                     monkeypatch):
+    """`grpo.partial_rollouts`: step 2's one group starts on version 0 and, once the learner publishes version 1
+    (its update on step 1), goes on with it. The actor's first call of step 2 waits until version 1 is offered,
+    so the publish lands mid-group on any machine. Every generation stores the version that sampled it, and
+    step − version ≤ max_staleness holds for each."""
+    from ray_workers.sitecustomize import hold_for_offer
+
+    import envace.training.actor as actor_module
+
+    for cls, name in ((actor_module.RolloutActor, "play"), (actor_module.PartialBackend, "generate")):
+        monkeypatch.setattr(cls, name, getattr(cls, name))  # restored after the test
+    hold = tmp_path / "hold"
+    hold.touch()
+    hold_for_offer(str(hold))(actor_module)  # as the Ray workers take it (tests/ray_workers)
+    assert _train(tmp_path, "partial", 3, "--set", "grpo.partial_rollouts=true", "--set",
+                  "grpo.tasks_per_step=1") == 0
+    con = connect(tmp_path)
+    by_episode = con.execute("SELECT episode_id, min(policy_version), max(policy_version) FROM generations "
+                             "WHERE step = 1 GROUP BY episode_id").fetchall()
+    assert len(by_episode) == 4 and any(low == 0 and high == 1 for _, low, high in by_episode), by_episode
+    assert con.execute("SELECT min(step - policy_version), max(step - policy_version) FROM generations").fetchall() \
+        == [(0, 1)]
+    assert con.execute("SELECT count(*) FROM generations WHERE step = 1 AND policy_version = 1 AND trained"
+                       ).fetchall()[0][0] > 0  # rows sampled by the newer version are trained on
+    staleness = con.execute("SELECT step, value FROM metrics WHERE phase = 'grpo' AND role = 'all' AND "
+                            "name = 'staleness' ORDER BY step").fetchall()
+    assert staleness == [(0, 0), (1, 1), (2, 1)]  # counted from the version each step started on
+
+
+def test_partial_rollouts_need_a_step_ahead(tmp_path, capsys):
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "grpo.partial_rollouts=true"]) \
+        == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "partial_rollouts: needs max_staleness" in err[0], err
+    assert not list(tmp_path.iterdir())

@@ -35,7 +35,9 @@ class Generation:
 
     `elapsed_s` is the backend's own seconds on this one completion, where each prompt is its own request (a served
     backend), and `held_s` the seconds it then sat finished while the rest of its call's prompts were still being
-    generated (`Sampler`): an episode's share of waiting for others (`Episode.wait_s`). Neither is compared."""
+    generated (`Sampler`): an episode's share of waiting for others (`Episode.wait_s`). Neither is compared.
+    `version` is the policy version that sampled it, where a step's versions may change between calls (partial
+    rollouts: `training.partial`); None elsewhere."""
 
     ids: list[int]
     text: str
@@ -45,6 +47,7 @@ class Generation:
     top_p: float | None = None
     elapsed_s: float | None = field(default=None, compare=False)
     held_s: float | None = field(default=None, compare=False)
+    version: int | None = None
 
 
 class Backend(Protocol):

@@ -3,7 +3,8 @@
     weights = the published version v                    # `load`: the learner's trainable weights after v updates
     episodes = G rollouts per task in the rehearsed world (`TrainConfig.rollout_at(step)`)
     reward = checklist of each episode, shared by both roles (+ fidelity for the rehearser, `task+fidelity`)
-    every generation carries `policy_version = v`          # stored: what sampled it
+    every generation carries `policy_version = v`          # stored: what sampled it (under partial rollouts,
+                                                          # a newer version taken mid-step: `partial.py`)
 
 The actor owns its generation weights (`generator`: the trained module itself when the learner waits for it,
 a copy when they overlap), its backend (in-process HF generation, or the vLLM servers its weights are pushed
@@ -31,6 +32,7 @@ from envace.envs.registry import Benchmark
 from envace.policy.hf import HFBackend
 from envace.training import evaluate
 from envace.training.budget import engine_context, row_budget
+from envace.training.partial import Offers, PartialBackend
 from envace.training.served import ServedPolicy
 from envace.training.setup import heartbeat
 
@@ -40,7 +42,7 @@ class Played:
     """One GRPO step's finished episodes, scored and rewarded, and the policy version that sampled them."""
 
     step: int
-    version: int
+    version: int  # the version the step started from: its generations' oldest (partial rollouts may take newer)
     episodes: list[Episode]
     scored: list[dict[str, Any]]
     real_fraction: float
@@ -73,6 +75,7 @@ class RolloutActor:
         self.cfg, self.benchmark, self.bank, self.rank, self.share = cfg, benchmark, bank, rank, share
         self.generator, self.backend, self.served, self.heartbeat = generator, backend, served, heartbeat
         self.version = 0
+        self.offers = Offers()  # partial rollouts: versions published while a step is in flight
 
     @classmethod
     def local(cls, cfg: TrainConfig, benchmark: Benchmark, bank: ExampleBank, generator, tokenizer,
@@ -94,6 +97,16 @@ class RolloutActor:
         actor.version = -1  # loads its first version before it plays
         return actor
 
+    def holds(self, version: int) -> bool:
+        """Whether this actor may play a step sampled by `version` without loading it: it holds that version, or
+        under partial rollouts a newer one (offered mid-step: the step is then only fresher)."""
+        return self.version == version or (self.cfg.grpo.partial_rollouts and self.version > version)
+
+    def offer(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """A version the learner just published, taken between two backend calls of the step in flight (partial
+        rollouts, `partial.py`); from any thread."""
+        self.offers.offer(weights, version)
+
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Take published version `version` into the generation weights (and the servers); seconds spent."""
         started = time.perf_counter()
@@ -108,11 +121,14 @@ class RolloutActor:
 
     def play(self, step: int, tasks: list) -> Played:
         """Step `step`'s episodes (G per task), scored, rewards shared, each generation stamped with the version."""
-        cfg, started, clock = self.cfg, time.perf_counter(), time.time()
+        cfg, started, clock, version = self.cfg, time.perf_counter(), time.time(), self.version
         self.generator.eval()
         self.backend.clear_caches()  # cached keys and values belong to the weights before the last update
         rollout = cfg.rollout_at(step, self.rank)
-        engine = build_engine(self.backend, self.benchmark, rollout, self.bank, id_prefix=f"s{step}:",
+        backend = self.backend
+        if cfg.grpo.partial_rollouts:
+            backend = PartialBackend(backend, self.offers, self._take, lambda: self.version)
+        engine = build_engine(backend, self.benchmark, rollout, self.bank, id_prefix=f"s{step}:",
                               max_context=engine_context(self.backend.max_context, row_budget(cfg)))  # rows fit
         engine.on_step = self.heartbeat(f"GRPO step {step + 1} rollouts")
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
@@ -122,9 +138,14 @@ class RolloutActor:
             if cfg.grpo.rehearser_reward == "task+fidelity":
                 rewards.add_fidelity(ep.generations, ep.pairs, cfg.grpo.fidelity_weight)
             for g in ep.generations:
-                g.policy_version = self.version
-        return Played(step, self.version, episodes, scored, rollout.real_fraction, time.perf_counter() - started,
-                      clock)
+                g.policy_version = version if g.gen.version is None else g.gen.version
+        return Played(step, version, episodes, scored, rollout.real_fraction, time.perf_counter() - started, clock)
+
+    def _take(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """A version offered mid-step, loaded between two backend calls; what the backend cached belongs to the
+        weights before it."""
+        self.load(weights, version)
+        self.backend.clear_caches()
 
     def evaluate(self, updates: int) -> tuple[list[Episode], list[dict[str, Any]]]:
         """This process's `share` of the evaluation after `updates` updates, played greedily (`evaluate.play`)."""

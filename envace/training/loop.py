@@ -107,7 +107,7 @@ def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
     each step in order, update, publish the new version, evaluate (on the actor's thread) and save when due."""
     cfg = t.cfg
     pipe = AheadPipeline(actor, cfg.grpo.max_staleness, start, cfg.grpo.steps, {**versions, start: t.learner.weights()},
-                         t.tasks_of)
+                         t.tasks_of, cfg.grpo.partial_rollouts)
     evaluations, started = [], time.perf_counter()
     try:
         for step in range(start, cfg.grpo.steps):

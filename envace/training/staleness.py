@@ -16,7 +16,9 @@ loop of `loop.py` (`synchronous`: no thread, no copy), not this class.
 
 Why one actor thread and not a pool: the engine already batches every episode of a step into one backend
 call per role; the overlap that matters is rollout against update. A step still waits for its slowest
-episode (episodes kept in flight across steps are not built yet).
+episode (episodes kept in flight across steps are not built yet). With `grpo.partial_rollouts` each version
+published is also offered to the actor at once, and the step in flight takes it between two backend calls
+(`partial.py`): its tail is sampled by a fresher version, and that run no longer replays exactly.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class AheadPipeline:
     the learner `publish`es each new one and `take`s each step in order."""
 
     def __init__(self, actor: RolloutActor, k: int, start: int, end: int, versions: dict[int, dict[str, torch.Tensor]],
-                 tasks_of: Callable[[int], list]) -> None:
-        self.actor, self.k, self.end, self.tasks_of = actor, k, end, tasks_of
+                 tasks_of: Callable[[int], list], partial: bool = False) -> None:
+        self.actor, self.k, self.end, self.tasks_of, self.partial = actor, k, end, tasks_of, partial
         self.versions = dict(versions)
         self.next = start  # the next step to hand the actor
         self.pending: dict[int, Future] = {}
@@ -59,7 +61,7 @@ class AheadPipeline:
             self.next += 1
 
     def _play(self, step: int, version: int, weights: dict[str, torch.Tensor]) -> tuple[Played, float]:
-        load_s = self.actor.load(weights, version) if self.actor.version != version else 0.0
+        load_s = 0.0 if self.actor.holds(version) else self.actor.load(weights, version)
         return self.actor.play(step, self.tasks_of(step)), load_s
 
     def take(self, step: int) -> tuple[Played, float, float]:
@@ -76,8 +78,11 @@ class AheadPipeline:
 
     def advance(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Publish the learner's new version and hand the actor the steps it unlocks, at once (before the learner
-        writes the step's rows: the actor plays while the store is written)."""
+        writes the step's rows: the actor plays while the store is written); under partial rollouts, offer it to
+        the step in flight too."""
         self.publish(version, weights)
+        if self.partial:
+            self.actor.offer(weights, version)
         self.fill(version)
 
     def kept(self, next_step: int) -> dict[int, dict[str, torch.Tensor]]:

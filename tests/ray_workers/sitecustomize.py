@@ -10,6 +10,8 @@ tests/test_ray.py (the simulated cluster's nodes are started with it; the test p
   backend's own request, 1 s, to a socket that accepts and stays silent).
 - `ENVACE_TEST_SLOW_ACTOR=FILE`: while FILE exists and holds "I S", Ray actor I sleeps S seconds a group before it
   plays (`slow_actor`): a slow actor for the work queue to route around.
+- `ENVACE_TEST_HOLD_FOR_OFFER=FILE`: while FILE exists, the first backend call of each chunk of step 2 (step 1)
+  under partial rollouts waits until a newer version is offered (`hold_for_offer`), so a publish lands mid-chunk.
 """
 
 import importlib.abc
@@ -108,6 +110,36 @@ def slow_actor(marker: str):
 
     return patch
 
+
+def hold_for_offer(marker: str):
+    """`envace.training.actor` with step 1's first `PartialBackend` call of each chunk waiting (up to 120 s) for a
+    version newer than the actor holds to be offered, while `marker` exists."""
+
+    def patch(module) -> None:
+        import threading
+
+        playing, play, generate = threading.local(), module.RolloutActor.play, module.PartialBackend.generate
+
+        def play_step(self, step, tasks):
+            playing.actor, playing.step, playing.calls = self, step, 0
+            return play(self, step, tasks)
+
+        def generate_then_wait(self, prompts, params):
+            out = generate(self, prompts, params)
+            playing.calls += 1
+            if playing.step == 1 and playing.calls == 1 and os.path.exists(marker):
+                actor, deadline = playing.actor, time.monotonic() + 120
+                while not actor.offers.newer_than(actor.version) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            return out
+
+        module.RolloutActor.play, module.PartialBackend.generate = play_step, generate_then_wait
+
+    return patch
+
+
+if os.environ.get("ENVACE_TEST_HOLD_FOR_OFFER"):
+    sys.meta_path.insert(0, _Patched("envace.training.actor", hold_for_offer(os.environ["ENVACE_TEST_HOLD_FOR_OFFER"])))
 
 if os.environ.get("ENVACE_TEST_SLOW_ACTOR"):
     sys.meta_path.insert(0, _Patched("envace.training.cluster.workers",

@@ -41,8 +41,8 @@ from envace.training.recorder import Recorder
 class RemoteActors:
     """The actors as one `RolloutActor` for `AheadPipeline`: `load` a version into all, `play` a step across them."""
 
-    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None]) -> None:
-        self.handles, self.max_restarts, self.say = handles, max_restarts, say
+    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None], partial: bool = False) -> None:
+        self.handles, self.max_restarts, self.say, self.partial = handles, max_restarts, say, partial
         self.version, self.published = -1, None  # (object ref of the weights, version)
         self.restarts = 0
         self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
@@ -59,6 +59,21 @@ class RemoteActors:
         self._each(range(len(self.handles)), lambda h, i: h.load.remote(*self.published))
         self.version = version
         return time.perf_counter() - started
+
+    def holds(self, version: int) -> bool:
+        """As `RolloutActor.holds`, for the version last loaded into every actor (an actor that took a newer offer
+        plays a chunk asked of an older version: `ActorWorker.play`)."""
+        return self.version == version or (self.partial and self.version > version)
+
+    def offer(self, weights, version: int) -> None:
+        """Partial rollouts: version `version` to every actor, taken between two backend calls of the chunk it is
+        playing (an actor runs `offer` beside `play`: `max_concurrency = 2`). An actor that does not answer is
+        left to the next `load`; the version the driver loads and asks chunks of stays the older one."""
+        import ray
+
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+        refs = [h.offer.remote(ref, version) for h in self.handles]
+        ray.wait(refs, num_returns=len(refs), timeout=60)
 
     def play(self, step: int, tasks: list) -> Played:
         """The step's groups as one work queue (module docstring): chunk c of `chunk_size` groups goes to whichever
@@ -289,7 +304,8 @@ def _actors(cfg: TrainConfig, placement: Placement, run: Run) -> list:
     rc = cfg.ray
     return [ray.remote(ActorWorker).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus,
                                             max_restarts=rc.max_restarts, name=f"{run.run_id}-actor-{i}",
-                                            namespace="envace", scheduling_strategy=placement.actor(i))
+                                            namespace="envace", scheduling_strategy=placement.actor(i),
+                                            max_concurrency=2 if cfg.grpo.partial_rollouts else 1)
             .remote(cfg, i) for i in range(rc.actors)]
 
 
@@ -321,7 +337,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
             return nll
 
         start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: "cpu", warm)
-        remote = RemoteActors(actors, cfg.ray.max_restarts, say)
+        remote = RemoteActors(actors, cfg.ray.max_restarts, say, cfg.grpo.partial_rollouts)
         if cfg.eval.every and start == 0:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)

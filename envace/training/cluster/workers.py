@@ -107,8 +107,15 @@ class ActorWorker:
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Version `version`, sent as CPU tensors: `RolloutActor.load` copies each into its parameter (`copy_`, onto
         the generator's device), so no CPU copy outlives the call."""
+        if self.actor.version == version:  # taken already, offered mid-chunk (partial rollouts)
+            return 0.0
         with self._closed_on_error():
             return self.actor.load(weights, version)
+
+    def offer(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Partial rollouts: a version taken between two backend calls of the chunk in flight (this call runs beside
+        `play`: the actor is made with `max_concurrency = 2`)."""
+        self.actor.offer(weights, version)
 
     @contextlib.contextmanager
     def _closed_on_error(self):
@@ -130,8 +137,9 @@ class ActorWorker:
 
     def play(self, step: int, tasks: list, version: int, chunk: int = 0) -> Played | None:
         """Chunk `chunk` of step `step`'s work queue (`driver.RemoteActors.play`), sampled from the seeds of
-        `rollout_at(step, chunk)`: the chunk's, not this actor's, so a chunk plays the same on any actor."""
-        if self.actor.version != version:
+        `rollout_at(step, chunk)`: the chunk's, not this actor's, so a chunk plays the same on any actor. None when it
+        does not hold `version` (`RolloutActor.holds`)."""
+        if not self.actor.holds(version):
             return None
         self.actor.rank = chunk
         with self._closed_on_error():
