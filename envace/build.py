@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 from envace.config import PrivateOptions, RolloutConfig, turn_range
 from envace.engine.examples import ExampleBank
-from envace.engine.per_episode import check_backends
 from envace.engine.prompts import ChatRenderer
 from envace.engine.rehearser import Rehearser
 from envace.engine.rollout import BeforeTurn, RolloutEngine
@@ -33,6 +32,7 @@ from envace.engine.user import UserSimulator
 from envace.engine.worlds import DynaMix, Forks, RealWorld, RehearsedWorld, Shadow, World
 from envace.envs.registry import Benchmark
 from envace.policy.backend import Backend
+from envace.policy.queued import queued
 from envace.private.rehearsal import PrivateRehearsal
 
 
@@ -71,8 +71,10 @@ def build_engine(backend: Backend, benchmark: Benchmark, config: RolloutConfig, 
     the backend's. `private_hook(options, rehearser)` builds the before-turn hook of an active
     `[rollout.private]` instead of `PrivateRehearsal` (a rung of the private-rehearsal ladder).
     """
-    if config.episode_loop == "per_episode":
-        check_backends(backend, user_backend, rehearser_backend)
+    if config.episode_loop == "per_episode":  # called from a thread per episode: one call at a time behind a queue
+        wrapped: dict[int, Backend] = {}
+        backend, user_backend, rehearser_backend = (queued(b, wrapped) for b in (backend, user_backend,
+                                                                                rehearser_backend))
     sampler = Sampler(backend, config.temperature, config.top_p, config.seed)
     renderer = ChatRenderer(backend.tokenizer, config.tool_docs, config.thinking)
     examples = examples or ExampleBank()

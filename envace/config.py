@@ -245,7 +245,8 @@ class RolloutConfig(Config):
     episode_loop: Literal["lockstep", "per_episode"] = doc(
         "how a batch's episodes advance: lockstep (one backend call per step and role, every episode waiting for "
         "the slowest) | per_episode (each on its own thread, its next request sent as soon as its last answer is "
-        "in; served backends only, whose server batches whatever is in flight)", "lockstep")
+        "in: a server batches whatever is in flight; the in-process HF backend runs the calls waiting, greedy "
+        "ones as one batch, envace/policy/queued.py)", "lockstep")
     max_steps_per_turn: int | Literal["auto"] = doc(
         "caller messages per user turn before the episode is cut (BFCL: 20); auto = the turn's gold calls + 1", 20)
     max_new_tokens: int | Literal["auto"] = doc(
@@ -423,9 +424,13 @@ class RayConfig(Config):
     max_restarts: int = doc("times an actor that dies is restarted; its unfinished share of a step is played again",
                             3)
     placement_timeout_s: float = doc("how long to wait for the cluster to grant the placement", 60.0)
+    chunk_groups: int | None = doc("groups an actor pulls from a step's work queue at a time (unset: the step's "
+                                   "groups // (4 × actors), at least 1, and the whole step with one actor). Smaller "
+                                   "chunks balance a slow actor sooner; each chunk samples from its own seeds, so "
+                                   "it changes what a step plays", None)
 
     def validate(self) -> None:
-        at_least(self, 1, "actors", "learners")
+        at_least(self, 1, "actors", "learners", "chunk_groups")
         at_least(self, 0, "actor_cpus", "actor_gpus", "learner_cpus", "learner_gpus", "max_restarts")
         if self.learner_gpus != int(self.learner_gpus):  # one NCCL rank per GPU; a share of one is no rank's
             raise UsageError(f"learner_gpus: a learner rank takes whole GPUs (0, 1, …), got {self.learner_gpus!r}")
@@ -827,9 +832,6 @@ class TrainConfig(Config):
                              "external user model is for rollout, eval and the suite)")
         if self.rollout.report_to != "none":
             raise UsageError("rollout.report_to: a training run mirrors its metrics with report_to under [train]")
-        if self.rollout.episode_loop == "per_episode" and self.rollout.backend != "vllm" and not self.serving.servers:
-            raise UsageError("rollout.episode_loop: per_episode needs served rollouts (rollout.backend = vllm, or "
-                             "serving.servers); the in-process HF backend plays in lockstep")
 
     @property
     def trained_roles(self) -> tuple[str, ...]:

@@ -5,7 +5,6 @@ import random
 import time
 import zlib
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +12,6 @@ from envace.build import build_engine
 from envace.config import PrivateOptions, RolloutConfig, TrainConfig
 from envace.engine import streams
 from envace.engine.episode import idle_share
-from envace.errors import UsageError
 from envace.policy.backend import Generation
 from envace.policy.hf import HFBackend
 from envace.policy.remote import concurrently
@@ -137,22 +135,22 @@ def test_uneven_latencies_leave_no_episode_idle(bfcl, tok, tasks):
     assert held[0] < held[1]
 
 
-def test_the_in_process_backend_is_refused(bfcl, tok, tasks):
-    """per_episode with the HF backend, the policy's or a role's own: one line when the engine is built (a training
-    config says it before SFT); lock-step as before."""
-    hf = HFBackend(SimpleNamespace(device="cpu", config=SimpleNamespace()), tok)  # refused before it generates
-    per_episode = RolloutConfig(episode_loop="per_episode")
-    with pytest.raises(UsageError, match="episode_loop: per_episode .* HFBackend .* lockstep"):
-        build_engine(hf, bfcl, per_episode)
-    served = Served(tok, tasks)
-    with pytest.raises(UsageError, match="HFBackend"):
-        build_engine(served, bfcl, per_episode, rehearser_backend=hf)
-    build_engine(hf, bfcl, RolloutConfig())
-    build_engine(served, bfcl, per_episode, user_backend=served)
-    with pytest.raises(UsageError, match="rollout.episode_loop: per_episode needs served rollouts"):
-        TrainConfig(model="tiny", rollout=replace(TrainConfig().rollout, episode_loop="per_episode"))
-    TrainConfig(model="tiny", serving={"servers": "http://127.0.0.1:1/v1?model=m"},
-                rollout=replace(TrainConfig().rollout, episode_loop="per_episode"))
+def test_the_in_process_backend_plays_per_episode_behind_a_queue(bfcl, tiny, tasks):
+    """per_episode on the HF backend (refused before): the episodes' calls queue (`policy.queued`), greedy ones
+    that met run as one call, and the episodes are lock-step's. A training config takes it too."""
+    from envace.policy.queued import Queued
+
+    model, tok = tiny
+    cfg = RolloutConfig(batch_size=3, embedding=False, max_steps_per_turn=3, max_new_tokens=8)
+    played = {}
+    for loop in ("lockstep", "per_episode"):
+        engine = build_engine(HFBackend(model, tok), bfcl, replace(cfg, episode_loop=loop))
+        played[loop] = engine.run_batch([(t, 0) for t in tasks[:3]]), engine.sampler
+    (lockstep, _), (each, sampler) = played["lockstep"], played["per_episode"]
+    assert _facts(each, "real") == _facts(lockstep, "real")
+    queue = sampler.backend
+    assert isinstance(queue, Queued) and queue.batches < sampler.calls  # calls that met ran together
+    TrainConfig(model="tiny", rollout=replace(TrainConfig().rollout, episode_loop="per_episode"))
 
 
 def test_a_served_per_episode_run_builds_its_grpo_pool_in_process(tiny, bfcl):

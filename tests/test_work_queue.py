@@ -87,6 +87,16 @@ def _expected(step: int, tasks: list[str], actors: int) -> list[str]:
 def test_groups_per_pull():
     assert chunk_size(6, 1) == 6  # one actor: the step whole, as one process plays it
     assert [chunk_size(2, 2), chunk_size(8, 2), chunk_size(32, 4), chunk_size(33, 4)] == [1, 1, 2, 2]
+    assert [chunk_size(6, 1, 2), chunk_size(8, 2, 3), chunk_size(2, 2, 5)] == [2, 3, 2]  # ray.chunk_groups
+
+
+def test_a_chunk_of_no_groups_is_one_line_and_exit_2(tmp_path, capsys):
+    from envace.cli import main
+
+    assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "ray.chunk_groups=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("ray.chunk_groups: must be at least 1, got 0"), err
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_slow_actor_plays_fewer_groups_and_every_group_comes_back_once_in_order(monkeypatch):

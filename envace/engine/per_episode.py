@@ -1,4 +1,4 @@
-"""The per-episode loop: on a served backend every episode advances on its own and never waits for another.
+"""The per-episode loop: every episode advances on its own and never waits for another.
 
     episodes start in order on the calling thread (`RolloutEngine.start`: ids, environments, gold prefixes)
     for each episode, on a thread of its own, inside its own seed stream (`streams.episode_stream`):
@@ -25,9 +25,9 @@ What the threads share, and why it is safe:
   (what such a hook plays for several episodes draws from the stream of the one that came first: replayed exactly
   when greedy, as BFCL memory's evaluations are, not when sampled).
 - `on_step` is called one at a time, with the episodes still playing.
-Backends are called from many threads, so every one must say it takes that (`Backend.concurrent`: the served one,
-the scripted reference); the in-process HF backend generates one batch at a time and gains only from lock-step's
-micro-batches, so `check_backends` refuses it when the engine is built.
+Backends are called from many threads: one that takes that says so (`Backend.concurrent`: the served one, the
+scripted reference); one that generates a call at a time (the in-process HF backend) is put behind a queue when the
+engine is built (`policy.queued`), which runs the calls waiting together, greedy ones as one batch.
 """
 
 from __future__ import annotations
@@ -40,18 +40,7 @@ from typing import Any
 
 from envace.engine import streams
 from envace.engine.episode import Episode
-from envace.errors import UsageError
 from envace.policy.remote import concurrently
-
-
-def check_backends(*backends: Any) -> None:
-    """One clear line when a backend the loop would call from many threads at once does not take it (None: a role
-    played by the policy's own backend)."""
-    refused = [b for b in backends if b is not None and not getattr(b, "concurrent", False)]
-    if refused:
-        raise UsageError(f"episode_loop: per_episode plays each episode on its own thread and needs served backends "
-                         f"(a server URL, or backend = vllm); {type(refused[0]).__name__} generates in this process "
-                         f"one batch at a time: use episode_loop = lockstep")
 
 
 def play_each(engine: Any, episodes: list[Episode]) -> None:

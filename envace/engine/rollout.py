@@ -10,7 +10,7 @@
         the answers are appended to each caller context as token ids; the episode waits on the caller again
 
 Every episode waits here for the slowest one of its step (`Episode.wait_s`: its share of the phases it had no
-part in, and of backend calls it had finished first). On served backends `episode_loop = "per_episode"` plays
+part in, and of backend calls it had finished first). With `episode_loop = "per_episode"` the engine plays
 this loop for one episode at a time instead, each on its own thread (`per_episode.py`).
 
 Who answers a call is the world's business alone (real environment, rehearser, both, a mix), and what

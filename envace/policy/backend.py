@@ -54,7 +54,8 @@ class Backend(Protocol):
     """Anything that turns a batch of prompts (token ids) into completions.
 
     A backend that may be called from several threads at once says so with a class attribute `concurrent = True`
-    (a served one: every prompt is an HTTP request); the per-episode loop (`engine.per_episode`) refuses others.
+    (a served one: every prompt is an HTTP request); the per-episode loop (`engine.per_episode`) queues the calls
+    of others (`policy.queued`).
     """
 
     tokenizer: object

@@ -10,8 +10,9 @@ tests/test_ray.py (the simulated cluster's nodes are started with it; the test p
   backend's own request, 1 s, to a socket that accepts and stays silent).
 - `ENVACE_TEST_SLOW_ACTOR=FILE`: while FILE exists and holds "I S", Ray actor I sleeps S seconds a group before it
   plays (`slow_actor`): a slow actor for the work queue to route around.
-- `ENVACE_TEST_HOLD_FOR_OFFER=FILE`: while FILE exists, the first backend call of each chunk of step 2 (step 1)
-  under partial rollouts waits until a newer version is offered (`hold_for_offer`), so a publish lands mid-chunk.
+- `ENVACE_TEST_HOLD_FOR_OFFER=FILE`: while FILE exists, under partial rollouts an actor that holds version 0 when
+  its chunk of step 2 (step 1) has made its first backend call waits there until a newer version is offered
+  (`hold_for_offer`), so a publish lands mid-chunk.
 """
 
 import importlib.abc
@@ -112,8 +113,8 @@ def slow_actor(marker: str):
 
 
 def hold_for_offer(marker: str):
-    """`envace.training.actor` with step 1's first `PartialBackend` call of each chunk waiting (up to 120 s) for a
-    version newer than the actor holds to be offered, while `marker` exists."""
+    """`envace.training.actor` with step 1's first `PartialBackend` call of a chunk played on version 0 waiting (up to
+    120 s) for a newer version to be offered, while `marker` exists."""
 
     def patch(module) -> None:
         import threading
@@ -129,7 +130,7 @@ def hold_for_offer(marker: str):
             playing.calls += 1
             if playing.step == 1 and playing.calls == 1 and os.path.exists(marker):
                 actor, deadline = playing.actor, time.monotonic() + 120
-                while not actor.offers.newer_than(actor.version) and time.monotonic() < deadline:
+                while actor.version < 1 and not actor.offers.newer_than(0) and time.monotonic() < deadline:
                     time.sleep(0.05)
             return out
 

@@ -41,8 +41,9 @@ from envace.training.recorder import Recorder
 class RemoteActors:
     """The actors as one `RolloutActor` for `AheadPipeline`: `load` a version into all, `play` a step across them."""
 
-    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None], partial: bool = False) -> None:
-        self.handles, self.max_restarts, self.say, self.partial = handles, max_restarts, say, partial
+    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None], partial: bool = False,
+                 chunk: int | None = None) -> None:
+        self.handles, self.max_restarts, self.say, self.partial, self.chunk = handles, max_restarts, say, partial, chunk
         self.version, self.published = -1, None  # (object ref of the weights, version)
         self.restarts = 0
         self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
@@ -82,7 +83,7 @@ class RemoteActors:
         import ray
 
         started, clock, restarts, n = time.perf_counter(), time.time(), self.restarts, len(self.handles)
-        size = chunk_size(len(tasks), n)
+        size = chunk_size(len(tasks), n, self.chunk)
         queue = deque(range(-(-len(tasks) // size)))  # chunk indices, handed out in order
         idle, running, done = deque(range(n)), {}, {}
         busy, failures = [0.0] * n, [0] * n
@@ -192,10 +193,12 @@ class RemoteActors:
                 return  # died again: the next attempt finds out
 
 
-def chunk_size(groups: int, actors: int) -> int:
-    """Groups per pull of the work queue: with one actor the whole step (nothing to balance; played as one process
-    plays it), else `groups // (4 × actors)`, at least 1: about four pulls per actor, so a slow actor's last pulls
-    go to the others while each pull still batches a few groups."""
+def chunk_size(groups: int, actors: int, chunk: int | None = None) -> int:
+    """Groups per pull of the work queue: `chunk` (`ray.chunk_groups`) when set; else with one actor the whole step
+    (nothing to balance; played as one process plays it), else `groups // (4 × actors)`, at least 1: about four
+    pulls per actor, so a slow actor's last pulls go to the others while each pull still batches a few groups."""
+    if chunk is not None:
+        return max(1, min(chunk, groups))
     return groups if actors == 1 else max(1, groups // (4 * actors))
 
 
@@ -337,7 +340,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
             return nll
 
         start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: "cpu", warm)
-        remote = RemoteActors(actors, cfg.ray.max_restarts, say, cfg.grpo.partial_rollouts)
+        remote = RemoteActors(actors, cfg.ray.max_restarts, say, cfg.grpo.partial_rollouts, cfg.ray.chunk_groups)
         if cfg.eval.every and start == 0:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)
