@@ -17,6 +17,9 @@ class Actor:
     def __init__(self) -> None:
         self.version, self.began = 0, {}
 
+    def holds(self, version: int) -> bool:
+        return self.version == version
+
     def load(self, weights, version: int) -> float:
         self.version = version
         return 0.0

@@ -69,6 +69,26 @@ def test_greedy_token_ids_and_logprobs_equal_the_hf_backends(servers, bfcl, tiny
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
 
 
+def test_greedy_per_episode_plays_the_lockstep_episodes(servers, bfcl):
+    """`episode_loop = per_episode` on real servers: each episode's requests leave from its own thread as soon as
+    its last answer is in, and with greedy decoding the episodes are lock-step's, clocks aside (the per-episode
+    loop's other tests fake the server in-process)."""
+    from dataclasses import replace
+
+    from test_per_episode import _facts
+
+    from envace.build import build_engine
+    from envace.config import RolloutConfig
+
+    backend = RemoteBackend.from_spec(_spec(*servers))
+    tasks = bfcl.load_tasks("multi_turn_base", "test", limit=3)
+    cfg = RolloutConfig(mode="rehearse", batch_size=3, embedding=False, max_steps_per_turn=3, max_new_tokens=8)
+    played = {loop: build_engine(backend, bfcl, replace(cfg, episode_loop=loop)).run_batch([(t, 0) for t in tasks])
+              for loop in ("lockstep", "per_episode")}
+    assert _facts(played["per_episode"], "rehearse") == _facts(played["lockstep"], "rehearse")
+    assert sum(len(ep.generations) for ep in played["lockstep"]) > 2 * len(tasks)  # callers and rehearsers
+
+
 def test_episodes_spread_over_two_servers_and_a_group_samples_distinct_outputs(servers, bfcl, tiny):
     prompts = _prompts(bfcl, tiny[1], 2) * 2
     before = [_requests(s) for s in servers]
