@@ -32,7 +32,7 @@ from envace.envs.registry import Benchmark
 from envace.policy.hf import HFBackend
 from envace.training import evaluate
 from envace.training.budget import engine_context, row_budget
-from envace.training.partial import Offers, PartialBackend
+from envace.training.partial import Offers, PartialBackend, may_play
 from envace.training.served import ServedPolicy
 from envace.training.setup import heartbeat
 
@@ -100,7 +100,7 @@ class RolloutActor:
     def holds(self, version: int) -> bool:
         """Whether this actor may play a step sampled by `version` without loading it: it holds that version, or
         under partial rollouts a newer one (offered mid-step: the step is then only fresher)."""
-        return self.version == version or (self.cfg.grpo.partial_rollouts and self.version > version)
+        return may_play(self.version, version, self.cfg.grpo.partial_rollouts)
 
     def offer(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """A version the learner just published, taken between two backend calls of the step in flight (partial

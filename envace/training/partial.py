@@ -26,6 +26,12 @@ from typing import Any
 from envace.policy.backend import Backend, Generation, SamplingParams
 
 
+def may_play(held: int, wanted: int, partial: bool) -> bool:
+    """Whether weights of version `held` may play a step (or chunk) asked of version `wanted` without loading it:
+    the same version, or under partial rollouts a newer one (the step is then only fresher)."""
+    return held == wanted or (partial and held > wanted)
+
+
 class Offers:
     """The newest version offered to an actor (from any thread) that it has not taken yet."""
 

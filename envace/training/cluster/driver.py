@@ -35,6 +35,7 @@ from envace.training.evaluate import evaluate
 from envace.training.grpo import Row
 from envace.training.learner import ADDITIVE, BaseLearner
 from envace.training.loop import Trainer, overlapped
+from envace.training.partial import may_play
 from envace.training.recorder import Recorder
 
 
@@ -64,7 +65,7 @@ class RemoteActors:
     def holds(self, version: int) -> bool:
         """As `RolloutActor.holds`, for the version last loaded into every actor (an actor that took a newer offer
         plays a chunk asked of an older version: `ActorWorker.play`)."""
-        return self.version == version or (self.partial and self.version > version)
+        return may_play(self.version, version, self.partial)
 
     def offer(self, weights, version: int) -> None:
         """Partial rollouts: version `version` to every actor, taken between two backend calls of the chunk it is
