@@ -40,9 +40,9 @@ memory_tokens = 48
 
 @pytest.fixture(scope="module")
 def ladder_store(tmp_path_factory):
-    """A store holding a ladder the default model played (N = 0, the empty block, the reference and the rehearsed
-    memory: the view draws every rung alike, so the real-world rung's extra attempts are left to its own tests),
-    and nothing else."""
+    """A store holding a ladder the default model played (N = 0, the reference and the rehearsed memory: the view
+    draws every rung alike, so the empty block's and the real-world rung's plays are left to their own tests,
+    `test_private_ladder.py`), and nothing else."""
     from envace.cli import main
 
     reuse = os.environ.get("ENVACE_LADDER_STORE")  # a store this fixture wrote before: saves ~2 min when iterating
@@ -52,7 +52,7 @@ def ladder_store(tmp_path_factory):
     config = root.parent / "ladder.toml"
     config.write_text(LADDER_CONFIG)
     assert main(["private-ladder", "--name", "ladder", "--models", "base=default", "--rungs",
-                 "empty,reference,rehearsed", "--config", str(config), "--root", str(root)]) == 0
+                 "reference,rehearsed", "--config", str(config), "--root", str(root)]) == 0
     return root
 
 
@@ -77,7 +77,7 @@ def test_the_private_rehearsal_tab_draws_the_ladder_the_default_model_wrote(ladd
             pytest.fail(f"the ladder's table was not drawn: note {browser.find_element(By.ID, 'ladder-note').text!r}"
                         f", picker {picker!r}, toasts {toasts(browser)}")
         text = browser.find_element(By.ID, "ladder-table").text
-        for rung in ("empty", "reference", "rehearsed"):
+        for rung in ("reference", "rehearsed"):
             assert rung in text
         assert "N = 0" in text and "MDE 80%" in text and "Holm McNemar p" in text
         diagnosis = browser.find_element(By.ID, "ladder-diagnosis").text
