@@ -52,6 +52,12 @@ def linked(request: gr.Request | None, key: str = "run") -> str | None:
     return value or None
 
 
+def skipped(value: Any) -> bool:
+    """Whether an event's output is `gr.skip()` (nothing sent): a dict compared as a dict, never against a list or
+    a frame, whose `==` would compare element by element."""
+    return isinstance(value, dict) and value == gr.skip()
+
+
 def kept_unless_changed(choices: list[str], current: Any, known: list[str] | None, multiselect: bool = False,
                         pick_first: bool = True) -> tuple[Any, Any]:
     """A run picker's update, keeping the user's pick while it is still among `choices` (else the newest; a

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, first_draw, kept_unless_changed, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, first_draw, kept_unless_changed, linked, rounded, run_choices, shown_errors, skipped
 from apps.ticks import Ticks
 from envace import world_model
 from workbench import Workbench, figures
@@ -171,7 +171,7 @@ def rehearsal_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
         picks = [kept_unless_changed(run_choices(wb.runs(), having=wb.runs_with(table)), current or linked(request),
                                      held) for table, current, held in
                  zip(("sweep", "memories", "ladder"), (current_sweep, current_run, current_ladder), known, strict=True)]
-        held = [new if new != gr.skip() else old for (_, new), old in zip(picks, known, strict=True)]
+        held = [old if skipped(new) else new for (_, new), old in zip(picks, known, strict=True)]
         return *(update for update, _ in picks), held
 
     def landing(current_sweep, current_run, current_ladder, metric, known, request: gr.Request):

@@ -11,7 +11,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from apps.common import empty_note, kept_unless_changed, linked, rounded, run_choices, shown_errors
+from apps.common import empty_note, kept_unless_changed, linked, rounded, run_choices, shown_errors, skipped
 from apps.render import episode_html, tokens_html
 from apps.ticks import Ticks
 from envace.errors import UsageError
@@ -163,7 +163,7 @@ def build(app: gr.Blocks, wb: Workbench, ticks: Ticks) -> Opened:
         # `?run=NAME` in the page's address opens that run first: a link to a run can be shared
         choices = run_choices(wb.runs(), having=wb.runs_with("episodes"))
         update, held = kept_unless_changed(choices, current or linked(request), known)
-        if held == gr.skip():  # its choices stand: nothing sent (the tick's value may be older than a pick)
+        if skipped(held):  # its choices stand: nothing sent (the tick's value may be older than a pick)
             return update, gr.skip(), held
         return update, "" if choices else empty_note("episodes", "episodes"), held
 

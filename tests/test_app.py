@@ -629,10 +629,12 @@ def test_a_links_page_load_draws_each_chart_tab_once(app_url, browser, monkeypat
 
 def test_a_picker_is_sent_only_when_its_runs_or_its_pick_changed():
     import gradio as gr
+    import pandas as pd
 
-    from apps.common import kept_unless_changed
+    from apps.common import kept_unless_changed, skipped
 
     skip = (gr.skip(), gr.skip())
+    assert skipped(gr.skip()) and not skipped(["a"]) and not skipped(pd.DataFrame({"a": [1]})) and not skipped({})
     assert kept_unless_changed(["a", "b"], ["b"], ["a", "b"], multiselect=True) == skip
     assert kept_unless_changed(["a", "b"], [], ["a", "b"], multiselect=True, pick_first=False) == skip
     update, known = kept_unless_changed(["c", "a", "b"], ["b"], ["a", "b"], multiselect=True)  # a new run: sent
