@@ -227,6 +227,11 @@ class PrivateOptions(Config):
         return self.mode != "none" and self.budget > 0
 
 
+# One imagined attempt, summarised: [rollout.private]'s defaults at N = 1. What memory-aware SFT writes its rows
+# from (`sft.memory = "rehearsed"`) and what GRPO's memory episodes play (`grpo.memory_episodes`).
+ONE_ATTEMPT = PrivateOptions(mode="parallel", budget=1)
+
+
 @dataclass
 class RolloutConfig(Config):
     """One rollout job: a model plays episodes of one benchmark category."""
@@ -547,10 +552,15 @@ class GRPOConfig(Config):
                                        "(vLLM's differ slightly from the trainer's): each token's weight is "
                                        "min(pi/pi_sampler, cap); unset = off", None)
     save_every: int = doc("steps between resumable states (`state.pt`, overwritten atomically)", 1)
+    memory_episodes: int = doc(
+        "episodes of each group (its last ones) that privately rehearse before every committed turn as test time "
+        "does (one imagined attempt, summarised into a memory the turn's user message carries), so GRPO also "
+        "trains caller turns that read a memory block, and the group's advantages say whether reading it helped "
+        "(envace/training/memory_episodes.py); 0 = none", 0)
 
     def validate(self) -> None:
         at_least(self, 1, "tasks_per_step", "tasks", "save_every", "importance_cap")
-        at_least(self, 0, "steps", "max_staleness", "fidelity_weight")
+        at_least(self, 0, "steps", "max_staleness", "fidelity_weight", "memory_episodes")
         if self.units is not None and (not self.units or not all(isinstance(u, str) and u for u in self.units)):
             raise UsageError(f"units: expected a non-empty list of unit uids, got {self.units!r}")
         within(self, 0, 1, "real_fraction_end")
@@ -832,6 +842,14 @@ class TrainConfig(Config):
                              "external user model is for rollout, eval and the suite)")
         if self.rollout.report_to != "none":
             raise UsageError("rollout.report_to: a training run mirrors its metrics with report_to under [train]")
+        if self.grpo.memory_episodes > self.rollout.group_size:
+            raise UsageError(f"grpo.memory_episodes: at most a group's {self.rollout.group_size} episodes "
+                             f"(rollout.group_size), got {self.grpo.memory_episodes}")
+        if self.grpo.memory_episodes:
+            try:  # the rollouts with private rehearsal on: what the benchmark allows of it
+                self.rollout_at(0)
+            except UsageError as err:
+                raise UsageError(f"grpo.memory_episodes: {err}") from None
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
@@ -844,13 +862,15 @@ class TrainConfig(Config):
         return start + (end - start) * step / (steps - 1)
 
     def rollout_at(self, step: int, rank: int = 0) -> RolloutConfig:
-        """GRPO step `step`'s rollouts: the rehearsed world (the real one for `real_env`), G per task.
+        """GRPO step `step`'s rollouts: the rehearsed world (the real one for `real_env`), G per task; one imagined
+        attempt of private rehearsal with `grpo.memory_episodes` (the episodes it applies to: `memory_episodes.py`).
 
         Sampling seeds derive from (seed, step, process) alone, so a resumed run replays them exactly.
         """
         return replace(self.rollout, mode="real" if self.grpo.variant == "real_env" else "rehearse",
                        batch_size=self.grpo.tasks_per_step * self.rollout.group_size, limit=None, offset=0,
-                       frozen_rehearser=self.grpo.variant == "caller_only", private=PrivateOptions(),
+                       frozen_rehearser=self.grpo.variant == "caller_only",
+                       private=ONE_ATTEMPT if self.grpo.memory_episodes else PrivateOptions(),
                        real_fraction=self.real_fraction_at(step),
                        seed=self.seed * 7919 + step + 1_000_003 * rank)
 

@@ -82,6 +82,30 @@ class DriftingRehearser(ReferencePolicy):
         return real[: -len("}\n</execution_result>")] + ', "invented_by_rehearser": 1}\n</execution_result>'
 
 
+class CoinFlipCaller(ReferencePolicy):
+    """The reference policy standing in for a trained model's backend (`max_context`, `clear_caches`), whose caller
+    drops a call half the time (seeded by the request): rewards differ within a GRPO group."""
+
+    max_context = None
+
+    def clear_caches(self) -> None:
+        pass
+
+    def generate(self, prompts, params):
+        import random
+
+        from envace.policy.backend import Generation
+
+        rng = random.Random(params.seed)
+        out = []
+        for gen in super().generate(prompts, params):
+            if "<tool_call>" in gen.text and rng.random() < 0.5:
+                text = "I cannot do that."
+                gen = Generation(self.tokenizer.encode(text, add_special_tokens=False) + [self.end], text, "stop")
+            out.append(gen)
+        return out
+
+
 @pytest.fixture()
 def browser(tmp_path):
     """Headless Debian chromium driven by selenium (never a downloaded browser), for the app's browser tests."""

@@ -433,40 +433,19 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
         assert (result["held"] == 0) == (mode == "full_every_pass")
 
 
-def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, monkeypatch, tiny):
+def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, monkeypatch):
     """A training run records through the same path as a rollout (calls, pairs with `shadow_fraction`), and
     each generation row holds the very advantage `grpo_step` was given for it, and whether it was trained."""
-    import random
+    from conftest import CoinFlipCaller
 
     import envace.training.actor as rollout_actor
     import envace.training.learner as learner
     from apps.render import episode_html
     from envace.envs import registry
-    from envace.policy.backend import Generation
-    from envace.policy.scripted import ReferencePolicy
     from envace.training.grpo import grpo_step
     from workbench import Workbench
 
-    tok = tiny[1]
     train_tasks = registry.get("bfcl").load_tasks("multi_turn_base", "train")
-
-    class CoinFlipCaller(ReferencePolicy):
-        """The reference caller that drops a call half the time (seeded): rewards differ within a group."""
-
-        max_context = None
-
-        def clear_caches(self):
-            pass
-
-        def generate(self, prompts, params):
-            rng = random.Random(params.seed)
-            out = []
-            for gen in super().generate(prompts, params):
-                if "<tool_call>" in gen.text and rng.random() < 0.5:
-                    text = "I cannot do that."
-                    gen = Generation(tok.encode(text, add_special_tokens=False) + [self.end], text, "stop")
-                out.append(gen)
-            return out
 
     used = []
 

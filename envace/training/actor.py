@@ -30,7 +30,7 @@ from envace.engine.episode import Episode
 from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
 from envace.policy.hf import HFBackend
-from envace.training import evaluate
+from envace.training import evaluate, memory_episodes
 from envace.training.budget import engine_context, row_budget
 from envace.training.partial import Offers, PartialBackend, may_play
 from envace.training.served import ServedPolicy
@@ -129,7 +129,9 @@ class RolloutActor:
         if cfg.grpo.partial_rollouts:
             backend = PartialBackend(backend, self.offers, self._take, lambda: self.version)
         engine = build_engine(backend, self.benchmark, rollout, self.bank, id_prefix=f"s{step}:",
-                              max_context=engine_context(self.backend.max_context, row_budget(cfg)))  # rows fit
+                              max_context=engine_context(self.backend.max_context, row_budget(cfg)),  # rows fit
+                              private_hook=memory_episodes.private_hook(cfg.grpo.memory_episodes,
+                                                                        rollout.group_size))
         engine.on_step = self.heartbeat(f"GRPO step {step + 1} rollouts")
         episodes = engine.run_batch([(t, g) for t in tasks for g in range(rollout.group_size)])
         scored = [record.score(ep, rollout.mode, "grpo") for ep in episodes]

@@ -28,7 +28,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from envace.build import build_engine
-from envace.config import PrivateOptions, RehearserOptions, RolloutConfig, TrainConfig
+from envace.config import ONE_ATTEMPT, PrivateOptions, RehearserOptions, RolloutConfig, TrainConfig
 from envace.engine.episode import Episode
 from envace.engine.examples import ExampleBank
 from envace.engine.prompts import reference_memory
@@ -42,7 +42,6 @@ from envace.training.grpo import Row
 from envace.types import Role, Task
 
 Writer = Callable[[RolloutEngine, list[Episode]], list[str]]
-REHEARSED = PrivateOptions(mode="parallel", budget=1)  # one imagined attempt, [rollout.private]'s defaults
 
 
 class TurnMemory:
@@ -78,7 +77,7 @@ class Imagined:
     rehearser, played from the reference episode's history (`PrivateRehearsal`'s sub-engine and attempt)."""
 
     def __init__(self, backend: Backend, benchmark: Benchmark, config: RolloutConfig, examples: ExampleBank,
-                 options: PrivateOptions = REHEARSED) -> None:
+                 options: PrivateOptions = ONE_ATTEMPT) -> None:
         self.engine = build_engine(backend, benchmark, config, examples)
         self.rehearsal = PrivateRehearsal(options)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from envace import units
 from envace.build import build_engine
-from envace.config import TrainConfig
+from envace.config import PrivateOptions, TrainConfig
 from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
 from envace.errors import UsageError
@@ -74,9 +74,11 @@ def grpo_pool(cfg: TrainConfig, benchmark: Benchmark, train_tasks: list, bank: E
     cfg = replace(cfg, rollout=rollout)
     if row_budget(cfg) is not None and pool:  # before SFT and any rollout: a pool where no row fits is refused
         # the probe only renders each unit's first prompt, in this process: it never generates, so it needs no
-        # served backend whatever loop the actors play
-        probe = build_engine(HFBackend(model, tok), benchmark, replace(cfg.rollout_at(0), episode_loop="lockstep"),
-                             bank)
+        # served backend whatever loop the actors play, and imagines no memory (grpo.memory_episodes): a memory
+        # lengthens a prompt by at most [rollout.private] memory_tokens, and the engine's context cap
+        # (`engine_context`) ends an episode whose rows would not fit, memory or not
+        probe = build_engine(HFBackend(model, tok), benchmark, replace(cfg.rollout_at(0), episode_loop="lockstep",
+                                                                       private=PrivateOptions()), bank)
         pool = fitting_pool(probe, pool, row_budget(cfg), say)
     if len(pool) < cfg.grpo.tasks_per_step:
         raise UsageError(f"grpo.tasks_per_step: {cfg.grpo.tasks_per_step} per step, but only {len(pool)} train "
