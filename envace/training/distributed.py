@@ -60,13 +60,14 @@ class Processes:
         self.reshard_after_forward = reshard_after_forward
         self.reduce_every_pass = reduce_every_pass
 
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Shard `model` for training when `fsdp`; returns the model rollouts generate with."""
+    def prepare(self, model: torch.nn.Module, generates: bool = True) -> torch.nn.Module | None:
+        """Shard `model` for training when `fsdp`; returns the model rollouts generate with (under FSDP a whole
+        copy, none when this process never `generates`)."""
         if not self.fsdp:
             return model
         from envace.training.fsdp import shard
 
-        return shard(model, self.reshard_after_forward)
+        return shard(model, self.reshard_after_forward, generates)
 
     def sync(self, model: torch.nn.Module, generator: torch.nn.Module) -> None:
         """After an update: the generation copy takes the trained weights (a no-op when they are one model)."""

@@ -55,11 +55,13 @@ def _layer_classes(model: torch.nn.Module) -> set[str]:
     raise UsageError(f"{type(model).__name__} declares no decoder-layer class (_no_split_modules) to shard by")
 
 
-def shard(model: torch.nn.Module, reshard_after_forward: bool = True) -> torch.nn.Module:
-    """Shard `model` in place (one FSDP unit per decoder layer plus the root) and return its generation copy."""
+def shard(model: torch.nn.Module, reshard_after_forward: bool = True,
+          generation_copy: bool = True) -> torch.nn.Module | None:
+    """Shard `model` in place (one FSDP unit per decoder layer plus the root) and return its generation copy, a
+    whole model beside the shards (None without `generation_copy`: a process that never generates)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    generator = copy.deepcopy(model).eval().requires_grad_(False)
+    generator = copy.deepcopy(model).eval().requires_grad_(False) if generation_copy else None
     classes = _layer_classes(model)
     for module in list(model.modules()):
         if type(module).__name__ in classes:

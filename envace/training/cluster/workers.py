@@ -20,10 +20,12 @@ import torch
 from envace.config import TrainConfig
 from envace.pids import alive
 from envace.policy.hf import HFBackend
+from envace.policy.models import add_lora, load_policy
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
 from envace.training.checkpoint import write_checkpoint
 from envace.training.distributed import Processes
+from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
 from envace.training.learner import Learner
 from envace.training.pool import grpo_pool, seen_groups
@@ -45,6 +47,20 @@ def to_host(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(to_host(v) for v in obj)
     return obj
+
+
+def host_copy(cfg: TrainConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The run's base model in host memory (seeded as `build_policy` seeds it: a randomly initialised model draws
+    the same weights), with LoRA when the run has it, and `weights` (every trainable weight, whole) put in."""
+    torch.manual_seed(cfg.seed)
+    model, _ = load_policy(cfg.model, cfg.policy.dtype, gpu=False)
+    if cfg.policy.lora:
+        model = add_lora(model, cfg.policy.lora_rank)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value)
+    return model
 
 
 def actor_gpus() -> list[int] | None:
@@ -185,7 +201,8 @@ class LearnerRank:
                                reduce_every_pass=cfg.distributed.reduce_every_pass)
         pool = grpo_pool(cfg, policy.benchmark, policy.train_tasks, policy.bank, policy.model, policy.tok,
                          self._say) if self.rank == 0 else None
-        self.generator = self.procs.prepare(policy.model)
+        # a rank never generates (the actors do): under FSDP it keeps its shards and no whole copy (`checkpoint`)
+        self.generator = self.procs.prepare(policy.model, generates=False)
         self.learner = Learner(cfg, policy.model, self.procs, policy.tok.pad_token_id)
         return pool
 
@@ -229,12 +246,17 @@ class LearnerRank:
         self.learner.load(state)
 
     def checkpoint(self) -> dict[str, bytes] | None:
-        """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them: {file: bytes}, rank 0."""
-        self.procs.sync(self.learner.model, self.generator)
+        """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them: {file: bytes}, rank 0.
+        Under FSDP (a collective) the trained weights are gathered one at a time into host memory on rank 0 and
+        put into a host copy of the base model built for the save: no rank holds a whole model on its device."""
+        generator = self.generator
+        if generator is None:
+            weights = full_trainable(self.learner.model, self.rank == 0)
+            generator = host_copy(self.cfg, weights) if self.rank == 0 else None
         if self.rank != 0:
             return None
         with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
-            out = write_checkpoint(Path(folder) / "checkpoint", self.generator, self.policy.tok,
+            out = write_checkpoint(Path(folder) / "checkpoint", generator, self.policy.tok,
                                    seen_groups(self.cfg, self.policy.train_tasks), self.cfg.policy.lora)
             return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 

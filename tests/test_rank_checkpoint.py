@@ -1,0 +1,77 @@
+"""A learner rank under FSDP (`cluster.workers.LearnerRank`, what Ray places) keeps its shards and no whole copy of
+the model, and writes the final checkpoint a whole generation copy, synced after the update, would have written.
+
+Also a worker: `torchrun --nproc_per_node 2 tests/test_rank_checkpoint.py OUT LORA` (LORA `true` or `false`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("lora", ["true", "false"])
+def test_fsdp_ranks_hold_no_whole_copy_and_write_the_checkpoint_a_synced_copy_would(tmp_path, lora):
+    """LoRA (the adapters gathered, merged into the host copy's base) and a full fine-tune (every weight)."""
+    out = tmp_path / "result.json"
+    done = subprocess.run([*TORCHRUN, __file__, str(out), lora], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["copies"] == [False, False]  # neither rank holds a generation copy beside its shards
+    assert result["held"] < 0.75  # each holds about half the trainable weights, not all of them
+    assert result["moved"] > 0  # the update changed the trained weights
+    assert result["files"] and result["equal"] == result["tensors"] > 0, result  # every tensor of the checkpoint
+
+
+def _worker(out: str, lora: bool) -> None:
+    from safetensors.torch import load, load_file
+
+    from envace.config import TrainConfig
+    from envace.training import fsdp
+    from envace.training.checkpoint import write_checkpoint
+    from envace.training.cluster.workers import LearnerRank
+    from envace.training.grpo import Row
+    from envace.training.pool import seen_groups
+    from envace.training.setup import build_policy
+
+    rank_index = int(os.environ["RANK"])
+    cfg = TrainConfig.from_dict({"model": "tiny", "distributed": {"fsdp": True}, "grpo": {"lr": 1e-2},
+                                 "policy": {"lora": lora, "lora_rank": 4}})
+    rank = LearnerRank(cfg, rank_index, 2)
+    rank.join("127.0.0.1", int(os.environ["MASTER_PORT"]))
+    whole = build_policy(cfg, threads=1)  # the same seed: the whole copy the rank used to hold, for the old save
+    before = {n: p.detach().clone() for n, p in whole.model.named_parameters() if p.requires_grad}
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(rank_index))
+    rows = [Row(f"t{rank_index}", "caller", ids[i, :8].tolist(), ids[i, 8:].tolist(), 1.0) for i in range(2)]
+    rank.update(rows, [1.0, -1.0])
+    local = sum(p.to_local().numel() for p in rank.learner.model.parameters() if p.requires_grad)
+    total = sum(w.numel() for w in before.values())
+    held = [None, None]
+    torch.distributed.all_gather_object(held, (rank.generator is not None, local / total))
+    fsdp.sync(rank.learner.model, whole.model)  # the old path: the whole copy takes the trained weights
+    files = rank.checkpoint()
+    if rank_index == 0:
+        moved = max((whole.model.get_parameter(n) - w).abs().max().item() for n, w in before.items())
+        with tempfile.TemporaryDirectory() as folder:
+            old = write_checkpoint(Path(folder) / "old", whole.model, whole.tok, seen_groups(cfg, whole.train_tasks),
+                                   cfg.policy.lora)
+            expected = load_file(old / "model.safetensors")
+        written = load(files["model.safetensors"])
+        equal = sum(torch.equal(written[k], expected[k]) for k in expected) if written.keys() == expected.keys() else -1
+        json.dump({"copies": [c for c, _ in held], "held": max(h for _, h in held), "moved": moved,
+                   "files": sorted(files), "equal": equal, "tensors": len(expected)}, open(out, "w"))
+    rank.leave()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2] == "true")
