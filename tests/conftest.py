@@ -107,6 +107,26 @@ class CoinFlipCaller(ReferencePolicy):
 
 
 @pytest.fixture()
+def scripted_updates(monkeypatch):
+    """A training run in this process played by `CoinFlipCaller` on BFCL's multi_turn_base train tasks instead of
+    the model's own generation, each update recorded: the list of (row, advantage) lists `grpo_step` was given."""
+    import envace.training.actor as rollout_actor
+    import envace.training.learner as learner
+    from envace.training.grpo import grpo_step
+
+    tasks = registry.get("bfcl").load_tasks("multi_turn_base", "train")
+    used = []
+
+    def recording_step(model, optimizer, rows, advantages, *args, **kwargs):
+        used.append(list(zip(rows, advantages, strict=True)))
+        return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
+
+    monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, tasks))
+    monkeypatch.setattr(learner, "grpo_step", recording_step)
+    return used
+
+
+@pytest.fixture()
 def browser(tmp_path):
     """Headless Debian chromium driven by selenium (never a downloaded browser), for the app's browser tests."""
     from apps.screenshots import CHROMIUM, DRIVER, chromium

