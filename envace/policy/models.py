@@ -87,3 +87,14 @@ def add_lora(model, rank: int):
     with warnings.catch_warnings():  # peft reads a property transformers deprecated: nothing to act on here
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         return get_peft_model(model, config)
+
+
+def put_weights(model, named) -> None:
+    """Copy each (name, tensor) of `named` (a dict's items, or any iterable of pairs) into `model`'s parameter of
+    that name, in place: the weights a learner published, gathered or saved, into another copy of the model."""
+    import torch
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in named:
+            params[name].copy_(value)

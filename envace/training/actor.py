@@ -30,6 +30,7 @@ from envace.engine.episode import Episode
 from envace.engine.examples import ExampleBank
 from envace.envs.registry import Benchmark
 from envace.policy.hf import HFBackend
+from envace.policy.models import put_weights
 from envace.training import evaluate, memory_episodes
 from envace.training.budget import engine_context, row_budget
 from envace.training.partial import Offers, PartialBackend, may_play
@@ -110,10 +111,7 @@ class RolloutActor:
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Take published version `version` into the generation weights (and the servers); seconds spent."""
         started = time.perf_counter()
-        params = dict(self.generator.named_parameters())
-        with torch.no_grad():
-            for name, value in weights.items():
-                params[name].copy_(value)
+        put_weights(self.generator, weights.items())
         if self.served is not None:
             self.served.sync(self.generator)
         self.version = version

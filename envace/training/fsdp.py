@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import torch
 
 from envace.errors import UsageError
+from envace.policy.models import put_weights
 
 
 def launcher_fsdp(shard_optimizer: bool = False) -> dict[str, bool] | None:
@@ -55,13 +56,12 @@ def _layer_classes(model: torch.nn.Module) -> set[str]:
     raise UsageError(f"{type(model).__name__} declares no decoder-layer class (_no_split_modules) to shard by")
 
 
-def shard(model: torch.nn.Module, reshard_after_forward: bool = True,
-          generation_copy: bool = True) -> torch.nn.Module | None:
+def shard(model: torch.nn.Module, reshard_after_forward: bool = True, generates: bool = True) -> torch.nn.Module | None:
     """Shard `model` in place (one FSDP unit per decoder layer plus the root) and return its generation copy, a
-    whole model beside the shards (None without `generation_copy`: a process that never generates)."""
+    whole model beside the shards (None for a process that never `generates`)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    generator = copy.deepcopy(model).eval().requires_grad_(False) if generation_copy else None
+    generator = copy.deepcopy(model).eval().requires_grad_(False) if generates else None
     classes = _layer_classes(model)
     for module in list(model.modules()):
         if type(module).__name__ in classes:
@@ -93,9 +93,7 @@ def full_trainable(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor
 @torch.no_grad()
 def sync(model: torch.nn.Module, generator: torch.nn.Module) -> None:
     """Copy the trained weights into the generation copy (a collective)."""
-    weights = dict(generator.named_parameters())
-    for name, whole in _gathered(model):
-        weights[name].copy_(whole)
+    put_weights(generator, _gathered(model))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -43,15 +43,22 @@ def build_policy(cfg: TrainConfig, checkpointing: bool = False, threads: float |
     worker's CPUs, not the whole node's); `gpu` False keeps the model in host memory."""
     if threads is not None:
         torch.set_num_threads(max(1, int(threads)))
-    torch.manual_seed(cfg.seed)
     benchmark = registry.get(cfg.rollout.env)
+    model, tok = policy_model(cfg, checkpointing, gpu)
+    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
+    return Policy(model, tok, benchmark, train_tasks, ExampleBank(train_tasks))
+
+
+def policy_model(cfg: TrainConfig, checkpointing: bool = False, gpu: bool = True):
+    """(model, tokenizer) of `build_policy`: seeded (a randomly initialised model draws the same weights in every
+    process), checkpointed when asked, with LoRA adapters when `lora`."""
+    torch.manual_seed(cfg.seed)
     model, tok = load_policy(cfg.model, cfg.policy.dtype, gpu)
     if cfg.policy.gradient_checkpointing or checkpointing:
         enable_checkpointing(model)
     if cfg.policy.lora:
         model = add_lora(model, cfg.policy.lora_rank)
-    train_tasks = benchmark.load_tasks(cfg.rollout.category, "train")
-    return Policy(model, tok, benchmark, train_tasks, ExampleBank(train_tasks))
+    return model, tok
 
 
 def processes(cfg: TrainConfig, launcher: dict[str, bool] | None, say: Callable[[str], None]) -> Processes:

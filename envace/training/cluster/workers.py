@@ -20,7 +20,7 @@ import torch
 from envace.config import TrainConfig
 from envace.pids import alive
 from envace.policy.hf import HFBackend
-from envace.policy.models import add_lora, load_policy
+from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
 from envace.training.checkpoint import write_checkpoint
@@ -30,7 +30,7 @@ from envace.training.grpo import Row
 from envace.training.learner import Learner
 from envace.training.pool import grpo_pool, seen_groups
 from envace.training.served import ServedPolicy
-from envace.training.setup import build_policy, heartbeat
+from envace.training.setup import build_policy, heartbeat, policy_model
 from envace.training.sft import warm_up
 
 
@@ -50,16 +50,10 @@ def to_host(obj: Any) -> Any:
 
 
 def host_copy(cfg: TrainConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """The run's base model in host memory (seeded as `build_policy` seeds it: a randomly initialised model draws
-    the same weights), with LoRA when the run has it, and `weights` (every trainable weight, whole) put in."""
-    torch.manual_seed(cfg.seed)
-    model, _ = load_policy(cfg.model, cfg.policy.dtype, gpu=False)
-    if cfg.policy.lora:
-        model = add_lora(model, cfg.policy.lora_rank)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value)
+    """The run's model as every rank built it (`policy_model`), in host memory, with `weights` (every trainable
+    weight, whole) put in."""
+    model, _ = policy_model(cfg, gpu=False)
+    put_weights(model, weights.items())
     return model
 
 
