@@ -3,10 +3,12 @@ nodes simulated on this machine (`ray_cluster.loopback_cluster`).
 
 The cluster's worker processes start with `tests/ray_workers` on their PYTHONPATH: the tiny model's messages
 are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
-and updates happen; any file operation of a worker under the driver's runs folder raises, so a run that
-passes gave no actor or learner rank a path of the driver's; and a test removes the file `_marker(runs)` to make
-the next actor that plays step 2 raise once, as a served backend whose vLLM server answered 503; and one writes
-`_slow(runs)` to make an actor sleep before each group it plays (the work queue routes around it).
+and updates happen; any file operation of a worker under the driver's runs folder raises, as on a node without
+the driver's disk (learner rank 0 finds the driver's probe unreadable, so `state.pt` and the checkpoint come to the
+driver as bytes), so a run that passes gave no actor or learner rank another path of the driver's; and a test
+removes the file `_marker(runs)` to make the next actor that plays step 2 raise once, as a served backend whose
+vLLM server answered 503; and one writes `_slow(runs)` to make an actor sleep before each group it plays (the
+work queue routes around it).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _stored_once(con, run: str, steps: int) -> int:
 
 @pytest.mark.heavy
 def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or_a_serving_timeout(
-        cluster, monkeypatch, capsys):
+        cluster, monkeypatch, capsys, tmp_path):
     import ray
 
     from envace.training.cluster import driver
@@ -112,6 +114,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     assert _train(address, runs, "whole", 3, *TWO_NODES) == 0
     out = capsys.readouterr().out
     assert "2 actor(s) on node 0" in out and "node 1" in out.split("actor(s) on")[1].split(";")[0]  # one per node
+    assert "learner rank 0 does not see the run folder: state.pt and the checkpoint come here as bytes" in out
     assert "a learner of 2 rank(s)" in out and killed and "actor 0 died" in out
     con = connect(runs)
     assert _stored_once(con, "whole", 3) >= 1
@@ -126,17 +129,19 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     shown = capsys.readouterr().out
     assert "actor 1 playing its share" in shown and "actors restarted" in shown and "0: 1, 1: 2" in shown
 
-    # The same run, cut twice before it ends where "whole" did. First the driver (its own process) gets `kill -9`
-    # while step 2's work queue is half played (actor 1 five seconds a group slower): Ray ends the dead driver's
-    # actors and learner ranks, and `--resume` at once, on the same cluster and under the same actor names, goes on
-    # from the state saved after step 1.
+    # The same run, cut twice before it ends where "whole" did, in a runs folder the workers see (as on one machine
+    # or a shared filesystem): learner rank 0 writes `state.pt` there and reads it back on `--resume` itself. First
+    # the driver (its own process) gets `kill -9` while step 2's work queue is half played (actor 1 five seconds a
+    # group slower): Ray ends the dead driver's actors and learner ranks, and `--resume` at once, on the same
+    # cluster and under the same actor names, goes on from the state saved after step 1.
     monkeypatch.setattr(driver.RemoteActors, "play", play)
-    command = [sys.executable, "-m", "envace.cli", "train", "experiments/smoke.toml", "--root", str(runs), "--ray",
+    shared = tmp_path / "shared"
+    command = [sys.executable, "-m", "envace.cli", "train", "experiments/smoke.toml", "--root", str(shared), "--ray",
                address, "--run-name", "cut", "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     _slow(runs).write_text("1 5")
     try:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        stored_first, deadline = runs / "cut" / "episodes", time.time() + 300  # step 1 recorded, then saved
+        stored_first, deadline = shared / "cut" / "episodes", time.time() + 300  # step 1 recorded, then saved
         while not list(stored_first.glob("*.parquet")) and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # its state saved; step 2's queue under way (actor 1 still asleep on its group)
@@ -145,7 +150,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     finally:
         _slow(runs).unlink()
     assert proc.returncode == -signal.SIGKILL, err[-2000:]  # killed, not ended on its own
-    assert connect(runs).execute(
+    assert connect(shared).execute(
         "SELECT max(step) FROM episodes WHERE run_id = 'cut'").fetchall() == [(0,)]  # step 1 stored, 2 lost
     # Then, resumed, a learner rank killed before its first update (rank 0 then waits on it in the update's
     # collective): the run stops in one line, exit 1, marked interrupted, its saved state kept.
@@ -160,15 +165,19 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
                 time.sleep(0.05)
         return update(self, rows, advantages)
 
-    resume = ["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "cut",
+    resume = ["train", "experiments/smoke.toml", "--root", str(shared), "--ray", address, "--resume", "cut",
               "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
+    through_driver = []  # the driver's own way to state.pt and back, and to the checkpoint: never taken here
+    for name in ("state", "load"):
+        monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
+    monkeypatch.setattr(driver, "write_files", lambda *a: through_driver.append("write_files"))
     capsys.readouterr()
     assert main(resume) == 1
     said = capsys.readouterr().err.strip().splitlines()
     assert said[-1].startswith("stopped: ray: learner rank ") and "in `update`" in said[-1], said
     assert "--resume cut" in said[-1] and not any("Traceback" in line for line in said)
-    assert connect(runs).execute("SELECT status FROM runs WHERE run_id = 'cut'").fetchall() == [("interrupted",)]
+    assert connect(shared).execute("SELECT status FROM runs WHERE run_id = 'cut'").fetchall() == [("interrupted",)]
     # Resumed again, with a serving timeout inside the `play` of the first actor to play step 2 (the served
     # backend's request to a server that never answers: `ray_workers` hook). It reaches the driver as a
     # `RayTaskError`: that actor is restarted (Ray's `max_restarts`) and sent the version again, and its chunk goes
@@ -181,12 +190,14 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     out = capsys.readouterr().out
     assert _marker(runs).exists()  # the hook did fail a play
     assert re.search(r"failed \(UsageError: http://127.0.0.1:\d+/v1/completions did not answer within 1 s\)", out), out
-    assert _stored_once(connect(runs), "cut", 3) == 1  # one failure, one restart: none spent on the old process
-    versions = connect(runs).execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
+    assert "resuming at GRPO step" in out and "writes state.pt and the checkpoint in the run folder" in out
+    assert through_driver == [], through_driver
+    assert _stored_once(connect(shared), "cut", 3) == 1  # one failure, one restart: none spent on the old process
+    versions = connect(shared).execute("SELECT step, min(policy_version), max(policy_version) FROM generations "
                                      "WHERE run_id = 'cut' GROUP BY step ORDER BY step").fetchall()
     assert versions == [(0, 0, 0), (1, 0, 0), (2, 1, 1)]
-    same(stored(connect(runs), "whole", step=2), stored(connect(runs), "cut", step=2))
-    whole, cut = _weights(runs, "whole"), _weights(runs, "cut")
+    same(stored(connect(runs), "whole", step=2), stored(connect(shared), "cut", step=2))
+    whole, cut = _weights(runs, "whole"), _weights(shared, "cut")  # one written by the driver, one by rank 0
     assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
 
 
@@ -260,24 +271,34 @@ def test_a_failed_actor_call_is_named_in_one_line():
 
 
 @pytest.mark.heavy
-def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path):
+def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp_path, capsys):
     """grpo.max_staleness = 0 with one actor and one learner rank: the same rows, advantages, store and weights as
-    `envace train` in one process (whose backend takes the same half-gold messages, in-process)."""
+    `envace train` in one process (whose backend takes the same half-gold messages, in-process). Its runs folder
+    is one the workers may touch, as on one machine or a shared filesystem: rank 0 writes `state.pt` and the
+    checkpoint there itself, and nothing of either passes through the driver (the other tests' folder is the
+    driver's alone: there both do; `--resume` from a state rank 0 wrote and reads: the kill test's "cut")."""
     import ray
 
     from envace.policy.hf import HFBackend
     from envace.training.cluster import driver
 
-    address, runs = cluster
-    sent, load = [], driver.RemoteActors.load
+    address, _ = cluster
+    runs = tmp_path / "shared"
+    sent, load, through_driver = [], driver.RemoteActors.load, []
 
     def watched(self, weights, version):  # what the driver hands the actors: a reference, never the weights
         sent.append(type(weights))
         return load(self, weights, version)
 
     monkeypatch.setattr(driver.RemoteActors, "load", watched)
+    for name in ("state", "load"):  # the driver's way to state.pt and back
+        monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
+    monkeypatch.setattr(driver, "write_files", lambda *a: through_driver.append("write_files"))
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0
+    assert "learner rank 0 writes state.pt and the checkpoint in the run folder" in capsys.readouterr().out
+    assert through_driver == [] and (runs / "ray-sync" / "state.pt").exists()
+    assert not list(runs.glob("ray-sync/.probe-*"))
     assert sent and set(sent) == {ray.ObjectRef}, sent  # rank 0 put each version in the object store itself
     spec = importlib.util.spec_from_file_location("ray_worker_hooks", HOOKS / "sitecustomize.py")
     hooks = importlib.util.module_from_spec(spec)
@@ -287,15 +308,15 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the actor and the learner rank (1 CPU each): the same order of float additions
     try:
-        assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path), "--run-name", "local", "--set",
+        assert main(["train", "experiments/smoke.toml", "--root", str(tmp_path / "one"), "--run-name", "local", "--set",
                      "grpo.steps=2", *STALE, *sync]) == 0
     finally:
         torch.set_num_threads(threads)
-    ray_con, local_con = connect(runs), connect(tmp_path)
+    ray_con, local_con = connect(runs), connect(tmp_path / "one")
 
     g_ray = same(stored(ray_con, "ray-sync"), stored(local_con, "local"))
     assert any(trained for *_, trained in g_ray)
-    remote, local = _weights(runs, "ray-sync"), load_file(tmp_path / "local" / "checkpoint" / "model.safetensors")
+    remote, local = _weights(runs, "ray-sync"), _weights(tmp_path / "one", "local")
     assert all(torch.allclose(remote[k], local[k], atol=1e-6) for k in local)
 
 

@@ -30,22 +30,33 @@ from envace.training.sft import sft_place
 def save_state(learner, procs: Processes, run: Run, next_step: int,
                versions: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
     """Every process calls this (sharded weights or moments are gathered); process 0 writes `state.pt`, with the
-    earlier policy versions the next steps are sampled with (`grpo.max_staleness`)."""
-    state = learner.state()
-    if not procs.main:
+    earlier policy versions the next steps are sampled with (`grpo.max_staleness`). A learner whose ranks see the
+    run folder writes it there itself (`save_in_place`: Ray's ranks), so the state never passes through here."""
+    path = run.path / "state.pt"
+    if learner.save_in_place(path, next_step, versions or {}):
         return
-    tmp = run.path / f".state.{os.getpid()}.partial"
-    versions = {v: learner.held(w) for v, w in (versions or {}).items()}
-    torch.save({"next_step": next_step, **state, "versions": versions}, tmp)
-    os.replace(tmp, run.path / "state.pt")  # a kill mid-write leaves the previous state loadable
+    state = learner.state()
+    if procs.main:
+        write_state(path, {"next_step": next_step, **state,
+                           "versions": {v: learner.held(w) for v, w in (versions or {}).items()}})
+
+
+def write_state(path: Path, state: dict) -> None:
+    """`state.pt` written beside and renamed: a kill mid-write leaves the previous state loadable."""
+    tmp = path.with_name(f".state.{os.getpid()}.partial")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def load_state(learner, run: Run, device: Callable[[], Any]) -> tuple[int, dict] | None:
-    """(next GRPO step, the kept policy versions) of a saved run, its weights and optimiser put into `learner`;
-    None when no `state.pt` exists."""
+    """(next GRPO step, the kept policy versions) of a saved run, its weights and optimiser put into `learner`
+    (which reads the file itself where it can: `load_in_place`); None when no `state.pt` exists."""
     path = run.path / "state.pt"
     if not path.exists():
         return None
+    loaded = learner.load_in_place(path)
+    if loaded is not None:
+        return loaded
     state = torch.load(path, weights_only=True, map_location=device())
     learner.load(state)
     return state["next_step"], state.get("versions", {})

@@ -62,6 +62,16 @@ class BaseLearner:
         here; Ray's learner publishes a reference to them instead."""
         return published
 
+    def save_in_place(self, path, next_step: int, versions: dict) -> bool:
+        """Whether this learner wrote `state.pt` at `path` itself; here not: `checkpoint.save_state` gathers
+        `state()` and writes it (Ray's ranks write it where they see the run folder)."""
+        return False
+
+    def load_in_place(self, path) -> tuple[int, dict] | None:
+        """(next step, versions) when this learner read `state.pt` itself (`save_in_place`'s counterpart); None:
+        `checkpoint.load_state` reads it and hands `load` the state."""
+        return None
+
     def step(self, played: Played) -> StepResult:
         """One update on `played` (module docstring). Advantages are taken over every row, so a row over the
         packing budget still counts in its group's baseline; it is left out of the update and counted."""

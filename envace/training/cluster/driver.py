@@ -19,9 +19,11 @@ whole step is back, by the driver alone, so a group is stored exactly once howev
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from envace.config import TrainConfig
@@ -234,6 +236,19 @@ class RemoteLearner(BaseLearner):
 
     def __init__(self, cfg: TrainConfig, handles: list, run_id: str) -> None:
         self.cfg, self.handles, self.run_id = cfg, handles, run_id
+        self.shared = False  # whether rank 0 sees the run folder (`sees`)
+
+    def sees(self, folder: Path) -> bool:
+        """Whether rank 0 reads a file this process has just written in `folder` (a probe, removed after): then
+        it writes `state.pt` and the checkpoint there itself, and neither passes through the driver's memory;
+        else (a node without the driver's disk) both come here as bytes."""
+        token = secrets.token_hex(8)
+        probe = folder / f".probe-{token}"
+        probe.write_text(token)
+        try:
+            return bool(self.gather([self.handles[0].sees.remote(str(probe), token)], "sees")[0])
+        finally:
+            probe.unlink()
 
     def _all(self, method: str, *args) -> list:
         return self.gather([getattr(h, method).remote(*args) for h in self.handles], method)
@@ -281,6 +296,16 @@ class RemoteLearner(BaseLearner):
 
     def state(self) -> dict | None:
         return self._all("state")[0]
+
+    def save_in_place(self, path: Path, next_step: int, versions: dict) -> bool:
+        """Rank 0 writes `state.pt` where it sees the run folder; the kept versions go as references (nested in a
+        dict, Ray passes them on unread)."""
+        if self.shared:
+            self._all("save_state", str(path), next_step, versions)
+        return self.shared
+
+    def load_in_place(self, path: Path) -> tuple[int, dict] | None:
+        return self._all("load_state", str(path))[0] if self.shared else None
 
     def load(self, state: dict) -> None:
         import ray
@@ -332,6 +357,9 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
             "rank(s) on " + ", ".join(named[len(actors):]))
         procs = Processes()  # the driver alone: world 1, writes everything
         learner = RemoteLearner(cfg, ranks, run.run_id)
+        learner.shared = learner.sees(run.path)
+        say("ray: learner rank 0 " + ("writes state.pt and the checkpoint in the run folder" if learner.shared else
+                                      "does not see the run folder: state.pt and the checkpoint come here as bytes"))
         t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
 
         def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics recorded here
@@ -345,8 +373,10 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         if cfg.eval.every and start == 0:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)
-        files = learner.gather([r.checkpoint.remote() for r in ranks], "checkpoint")[0]
-        summary["checkpoint"] = str(write_files(run.path / "checkpoint", files))
+        out = run.path / "checkpoint"
+        files = learner.gather([r.checkpoint.remote(str(out) if learner.shared else None) for r in ranks],
+                               "checkpoint")[0]
+        summary["checkpoint"] = str(out if learner.shared else write_files(out, files))
         say(f"saved {summary['checkpoint']}")
         t.recorder.close()
         return summary

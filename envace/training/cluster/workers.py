@@ -23,7 +23,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import write_checkpoint
+from envace.training.checkpoint import write_checkpoint, write_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -229,8 +229,39 @@ class LearnerRank:
         return None if weights is None else [ray.put(weights)]
 
     def state(self) -> dict | None:
-        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them."""
+        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them (when rank 0
+        does not see the run folder, `sees`)."""
         return to_host(self.learner.state())
+
+    def sees(self, probe: str, token: str) -> bool:
+        """Whether `probe`, a file the driver has just written in the run folder, holds `token` here too: the
+        folder is shared (one machine, or a filesystem every node mounts), so rank 0 writes `state.pt` and the
+        checkpoint there itself and nothing of either passes through the driver."""
+        try:
+            return Path(probe).read_text() == token
+        except OSError:
+            return False
+
+    def save_state(self, path: str, next_step: int, versions: dict) -> None:
+        """`state.pt` at `path` (`checkpoint.write_state`), written by rank 0 (every rank gathers): the kept policy
+        versions are references into the object store (`weights`), read here."""
+        import ray
+
+        state = to_host(self.learner.state())
+        if self.rank == 0:
+            kept = {v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()}
+            write_state(Path(path), {"next_step": next_step, **state, "versions": to_host(kept)})
+
+    def load_state(self, path: str) -> tuple[int, dict] | None:
+        """Every rank reads `state.pt` at `path` (`save_state`'s) and takes its share; rank 0 returns the next
+        step and the kept versions, put in the object store for the driver to hand the actors."""
+        import ray
+
+        state = torch.load(path, weights_only=True, map_location="cpu")
+        self.learner.load(state)
+        if self.rank != 0:
+            return None
+        return state["next_step"], {v: ray.put(w) for v, w in state.get("versions", {}).items()}
 
     def load(self, state: dict) -> None:
         """Take the state the driver sends (CPU tensors) onto this rank's device: `load_state_dict` copies the
@@ -239,8 +270,9 @@ class LearnerRank:
         FSDP's `set_*_state_dict` scatters them into the shards; nothing of the driver's copy is kept."""
         self.learner.load(state)
 
-    def checkpoint(self) -> dict[str, bytes] | None:
-        """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them: {file: bytes}, rank 0.
+    def checkpoint(self, out: str | None = None) -> str | dict[str, bytes] | None:
+        """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them, by rank 0: written as
+        `out` where it sees the run folder (`sees`), else returned as {file: bytes} for the driver to write.
         Under FSDP (a collective) the trained weights are gathered one at a time into host memory on rank 0 and
         put into a host copy of the base model built for the save: no rank holds a whole model on its device."""
         generator = self.generator
@@ -249,10 +281,13 @@ class LearnerRank:
             generator = host_copy(self.cfg, weights) if self.rank == 0 else None
         if self.rank != 0:
             return None
+        seen = seen_groups(self.cfg, self.policy.train_tasks)
+        if out is not None:
+            return str(write_checkpoint(Path(out), generator, self.policy.tok, seen, self.cfg.policy.lora))
         with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
-            out = write_checkpoint(Path(folder) / "checkpoint", generator, self.policy.tok,
-                                   seen_groups(self.cfg, self.policy.train_tasks), self.cfg.policy.lora)
-            return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+            written = write_checkpoint(Path(folder) / "checkpoint", generator, self.policy.tok, seen,
+                                       self.cfg.policy.lora)
+            return {str(p.relative_to(written)): p.read_bytes() for p in written.rglob("*") if p.is_file()}
 
     def leave(self) -> None:
         if torch.distributed.is_initialized():
