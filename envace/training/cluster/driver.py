@@ -236,17 +236,18 @@ class RemoteLearner(BaseLearner):
 
     def __init__(self, cfg: TrainConfig, handles: list, run_id: str) -> None:
         self.cfg, self.handles, self.run_id = cfg, handles, run_id
-        self.shared = False  # whether rank 0 sees the run folder (`sees`)
+        self.shared = False  # whether every rank sees the run folder (`sees`)
 
     def sees(self, folder: Path) -> bool:
-        """Whether rank 0 reads a file this process has just written in `folder` (a probe, removed after): then
-        it writes `state.pt` and the checkpoint there itself, and neither passes through the driver's memory;
-        else (a node without the driver's disk) both come here as bytes."""
+        """Whether every rank reads a file this process has just written in `folder` (a probe, removed after):
+        then rank 0 writes `state.pt` and the checkpoint there itself, every rank reads `state.pt` back on
+        `--resume`, and neither passes through the driver's memory; else (a rank's node without the driver's
+        disk) both come here as bytes."""
         token = secrets.token_hex(8)
         probe = folder / f".probe-{token}"
         probe.write_text(token)
         try:
-            return bool(self.gather([self.handles[0].sees.remote(str(probe), token)], "sees")[0])
+            return all(self._all("sees", str(probe), token))
         finally:
             probe.unlink()
 
@@ -358,8 +359,8 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         procs = Processes()  # the driver alone: world 1, writes everything
         learner = RemoteLearner(cfg, ranks, run.run_id)
         learner.shared = learner.sees(run.path)
-        say("ray: learner rank 0 " + ("writes state.pt and the checkpoint in the run folder" if learner.shared else
-                                      "does not see the run folder: state.pt and the checkpoint come here as bytes"))
+        say("ray: learner rank 0 writes state.pt and the checkpoint in the run folder" if learner.shared else
+            "ray: a learner rank does not see the run folder: state.pt and the checkpoint come here as bytes")
         t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
 
         def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics recorded here

@@ -229,14 +229,14 @@ class LearnerRank:
         return None if weights is None else [ray.put(weights)]
 
     def state(self) -> dict | None:
-        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them (when rank 0
+        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them (when a rank
         does not see the run folder, `sees`)."""
         return to_host(self.learner.state())
 
     def sees(self, probe: str, token: str) -> bool:
         """Whether `probe`, a file the driver has just written in the run folder, holds `token` here too: the
-        folder is shared (one machine, or a filesystem every node mounts), so rank 0 writes `state.pt` and the
-        checkpoint there itself and nothing of either passes through the driver."""
+        folder is shared (one machine, or a filesystem every node mounts). Where every rank sees it, rank 0 writes
+        `state.pt` and the checkpoint there itself and nothing of either passes through the driver."""
         try:
             return Path(probe).read_text() == token
         except OSError:

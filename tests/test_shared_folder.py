@@ -1,0 +1,51 @@
+"""Whether Ray's learner ranks write `state.pt` and the checkpoint themselves (`RemoteLearner.sees`): only where
+every rank reads the driver's probe in the run folder, since every rank reads `state.pt` back on `--resume`. On a
+fake of Ray's API (`test_work_queue.FakeRay`); tests/test_ray.py runs both paths on a real two-node cluster."""
+
+from __future__ import annotations
+
+from test_work_queue import FakeRay, Method
+
+from envace.training.cluster.driver import RemoteLearner
+from envace.training.cluster.workers import LearnerRank
+
+
+class Rank:
+    """A learner rank whose node sees the driver's disk (`LearnerRank.sees` on the file itself) or not."""
+
+    def __init__(self, fake: FakeRay, sees_disk: bool) -> None:
+        self.fake, self.free, self.probes = fake, 0.0, []
+        self.sees = Method(self._sees if sees_disk else self._blind)
+
+    def _sees(self, probe: str, token: str):
+        self.probes.append(probe)
+        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe, token))
+
+    def _blind(self, probe: str, token: str):
+        self.probes.append(probe)
+        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe + ".elsewhere", token))
+
+
+def _learner(monkeypatch, *sees_disk: bool) -> tuple[RemoteLearner, list[Rank]]:
+    fake = FakeRay()
+    monkeypatch.setitem(__import__("sys").modules, "ray", fake)
+    ranks = [Rank(fake, s) for s in sees_disk]
+    return RemoteLearner(None, ranks, "r"), ranks
+
+
+def test_the_ranks_write_only_where_every_rank_sees_the_run_folder(monkeypatch, tmp_path):
+    learner, ranks = _learner(monkeypatch, True, True)
+    assert learner.sees(tmp_path) is True
+    assert all(r.probes for r in ranks) and not list(tmp_path.iterdir())  # every rank asked; the probe removed
+    learner, ranks = _learner(monkeypatch, True, False)  # rank 1's node has no such folder
+    assert learner.sees(tmp_path) is False and ranks[1].probes
+    learner, _ = _learner(monkeypatch, False, True)
+    assert learner.sees(tmp_path) is False and not list(tmp_path.iterdir())
+
+
+def test_a_rank_sees_the_probe_only_with_the_drivers_token(tmp_path):
+    probe = tmp_path / ".probe-x"
+    probe.write_text("abc")
+    assert LearnerRank.sees(None, str(probe), "abc") is True
+    assert LearnerRank.sees(None, str(probe), "abd") is False  # another run's probe, or a stale one
+    assert LearnerRank.sees(None, str(tmp_path / "missing"), "abc") is False
