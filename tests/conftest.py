@@ -31,6 +31,22 @@ def session_threads():
     torch.set_num_threads(SESSION_THREADS)
 
 
+@pytest.fixture(autouse=True)
+def log_streams_left_open():
+    """No logging handler is left writing to a test's captured stream, closed when the test ends. Ray's handler
+    keeps the `sys.stderr` of the moment `ray` is first imported: imported inside a test with `capsys`
+    (`test_gpu_rehearsal`'s Ray job), every later Ray message in this process was a "--- Logging error ---"
+    traceback on stderr, and the tests after it that read stderr (`test_ray`'s one-line refusals) failed."""
+    yield
+    import logging
+    import sys
+
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+                handler.stream = sys.stderr  # not setStream: it flushes the closed stream first
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The interpreter of `.venv-vllm` (`make vllm`; or `ENVACE_VLLM_PYTHON`), for every test that starts a real

@@ -4,7 +4,9 @@ Mode `full` or `lora` (FSDP), `full_every_pass` (FSDP reducing the gradients aft
 (data parallel with AdamW's moments sharded: ZeRO stage 1). Under FSDP it also records the most unsharded
 gradient elements held between passes (`held`): what `fsdp_reduce_every_pass` removes.
 
-Writes {"weights": max |Δ|, "moments": max |Δ|, ...} to the path in argv[1] (process 0).
+Every mode named after argv[1] runs in turn, in the one launch (its start, two processes importing torch and
+building the model, was most of each mode's time); each writes {"weights": max |Δ|, "moments": max |Δ|, ...} to
+`<argv[1]>.<mode>` (process 0).
 """
 
 from __future__ import annotations
@@ -99,8 +101,9 @@ def main(out: str, mode: str) -> None:
                    "moments": max((saved[n]["exp_avg"] - m).abs().max().item() for n, m in ref_moments.items()),
                    "skipped": stats["skipped"], "held": max(held)}, open(out, "w"))
     procs.wait()
-    leave(0)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    for name in sys.argv[2:]:
+        main(f"{sys.argv[1]}.{name}", name)
+    leave(0)

@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,16 +144,25 @@ def test_a_resume_from_the_saved_state_is_exact():
         assert all(torch.equal(optimizer.state[p][k], again.state[q][k]) for k in ("master", "exp_avg", "step"))
 
 
+SHARDED = ["zero", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tmp_path_factory) -> dict[str, dict]:
+    """`_worker`'s result for each of `SHARDED`, in turn in one two-process launch."""
+    out = tmp_path_factory.mktemp("sharded") / "result"
+    done = subprocess.run([*TORCHRUN, __file__, str(out), *SHARDED], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {mode: json.loads(Path(f"{out}.{mode}").read_text()) for mode in SHARDED}
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("mode", ["zero", "fsdp"])
-def test_sharded_optimizers_keep_sharded_masters_and_resume_exactly(tmp_path, mode):
+@pytest.mark.parametrize("mode", SHARDED)
+def test_sharded_optimizers_keep_sharded_masters_and_resume_exactly(sharded_results, mode):
     """Two processes, bf16 weights: ZeRO-1 (each process steps the masters of its slice) and FSDP2 (masters
     are DTensor shards) move the weights as one process does, save every master whole in fp32, and a
     resume from that state takes the very steps the uninterrupted run takes."""
-    out = tmp_path / "result.json"
-    done = subprocess.run([*TORCHRUN, __file__, str(out), mode], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = sharded_results[mode]
     assert result["changed"] >= 0.9  # pure bf16: ~0.3
     assert result["vs_one_process"] < 0.05  # only the order the two shares' gradients are summed in differs
     assert result["masters"] == result["tensors"]  # every weight's master, whole and fp32, in the state
@@ -163,7 +173,6 @@ def test_sharded_optimizers_keep_sharded_masters_and_resume_exactly(tmp_path, mo
 
 def _worker(out: str, mode: str) -> None:
     from envace.training import fsdp
-    from envace.training.distributed import leave
 
     torch.set_num_threads(1)
     procs = Processes(fsdp=mode == "fsdp")
@@ -210,8 +219,11 @@ def _worker(out: str, mode: str) -> None:
                    "held": [h / sum(w.numel() for w in before.values()) for h in held],
                    "resumed_equal": all(torch.equal(straight[n], resumed[n]) for n in before)}, open(out, "w"))
     procs.wait()
-    leave(0)
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    from envace.training.distributed import leave
+
+    for name in sys.argv[2:]:  # each mode in turn, in one launch: `<argv[1]>.<mode>`
+        _worker(f"{sys.argv[1]}.{name}", name)
+    leave(0)

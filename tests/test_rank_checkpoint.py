@@ -1,7 +1,8 @@
 """A learner rank under FSDP (`cluster.workers.LearnerRank`, what Ray places) keeps its shards and no whole copy of
 the model, and writes the final checkpoint a whole generation copy, synced after the update, would have written.
 
-Also a worker: `torchrun --nproc_per_node 2 tests/test_rank_checkpoint.py OUT LORA` (LORA `true` or `false`)."""
+Also a worker: `torchrun --nproc_per_node 2 tests/test_rank_checkpoint.py OUT LORA…` (each LORA `true` or `false`, in
+turn in the one launch, into `OUT.<LORA>`)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,30 @@ import torch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize("lora", ["true", "false"])
-def test_fsdp_ranks_hold_no_whole_copy_and_write_the_checkpoint_a_synced_copy_would(tmp_path, lora):
-    """LoRA (the adapters gathered, merged into the host copy's base) and a full fine-tune (every weight)."""
-    out = tmp_path / "result.json"
-    done = subprocess.run([*TORCHRUN, __file__, str(out), lora], capture_output=True, text=True, timeout=600,
+LORA = ["true", "false"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("ranks") / "result"
+    done = subprocess.run([*TORCHRUN, __file__, str(out), *LORA], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return {lora: json.loads(Path(f"{out}.{lora}").read_text()) for lora in LORA}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("lora", LORA)
+def test_fsdp_ranks_hold_no_whole_copy_and_write_the_checkpoint_a_synced_copy_would(results, lora):
+    """LoRA (the adapters gathered, merged into the host copy's base) and a full fine-tune (every weight)."""
+    result = results[lora]
     assert result["copies"] == [False, False]  # neither rank holds a generation copy beside its shards
     assert result["held"] < 0.75  # each holds about half the trainable weights, not all of them
     assert result["moved"] > 0  # the update changed the trained weights
     assert result["files"] and result["equal"] == result["tensors"] > 0, result  # every tensor of the checkpoint
 
 
-def _worker(out: str, lora: bool) -> None:
+def _worker(out: str, lora: bool):  # -> the LearnerRank, to leave the group once every case ran
     from safetensors.torch import load, load_file
 
     from envace.config import TrainConfig
@@ -70,8 +79,10 @@ def _worker(out: str, lora: bool) -> None:
         equal = sum(torch.equal(written[k], expected[k]) for k in expected) if written.keys() == expected.keys() else -1
         json.dump({"copies": [c for c, _ in held], "held": max(h for _, h in held), "moved": moved,
                    "files": sorted(files), "equal": equal, "tensors": len(expected)}, open(out, "w"))
-    rank.leave()
+    return rank
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2] == "true")
+    for lora in sys.argv[2:]:
+        last = _worker(f"{sys.argv[1]}.{lora}", lora == "true")
+    last.leave()

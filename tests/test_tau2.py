@@ -138,6 +138,35 @@ def test_episodes_start_fresh_and_users_act_on_their_own_phone(subset):
     assert env.execute_user(ToolCall("toggle_roaming", {})).content == on.content
 
 
+@pytest.mark.parametrize("domain", ["airline", "retail"])
+def test_each_environment_gets_the_database_taus_loader_builds_and_shares_none_of_it(domain):
+    """`fresh_db` (the file parsed once per process) against τ²'s `DB.load` (parsed every time): the same database;
+    and a tool's write in one environment reaches neither the next environment nor the parsed file."""
+    from pydantic import BaseModel
+
+    from envace.envs.tau2.domains import JSON_DATABASES, fresh_db, make_environment
+
+    name, path = JSON_DATABASES[domain]
+    loaded = getattr(tau2_module(f"domains.{domain}.data_model"), name).load(
+        getattr(tau2_module(f"domains.{domain}.utils"), path))
+
+    def containers(obj, found):  # ids of every list and dict inside
+        if isinstance(obj, BaseModel):
+            obj = obj.__dict__
+        if isinstance(obj, (list, dict)):
+            found.add(id(obj))
+            for value in obj.values() if isinstance(obj, dict) else obj:
+                containers(value, found)
+        return found
+
+    first, second = make_environment(domain), make_environment(domain)
+    assert first.tools.db == loaded and second.tools.db == loaded
+    assert not containers(first.tools.db, set()) & containers(second.tools.db, set())
+    table = next(k for k, v in first.tools.db.__dict__.items() if isinstance(v, dict) and v)  # users, flights…
+    getattr(first.tools.db, table).clear()
+    assert fresh_db(domain) == loaded and make_environment(domain).tools.db == loaded
+
+
 def test_solo_mode_gives_the_agent_both_tool_sets_and_the_ticket(subset):
     solo, duo = subset["telecom_solo"][0], subset["telecom"][0]
     names = {t["function"]["name"] for t in solo.tools}

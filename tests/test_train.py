@@ -407,21 +407,28 @@ def test_an_accelerate_fsdp_launch_is_read_or_refused_clearly(monkeypatch, tmp_p
     assert not list(tmp_path.iterdir())  # refused before any run was created
 
 
+FSDP_MODES = ["full", "full_every_pass", "lora", "zero"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_results(tmp_path_factory) -> dict[str, dict]:
+    """`tests/fsdp_worker.py`'s result for every mode, from one two-process launch."""
+    out = tmp_path_factory.mktemp("fsdp") / "result"
+    done = subprocess.run([*TORCHRUN, "tests/fsdp_worker.py", str(out), *FSDP_MODES],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {mode: json.loads(Path(f"{out}.{mode}").read_text()) for mode in FSDP_MODES}
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("mode", ["full", "full_every_pass", "lora", "zero"])
-def test_fsdp_updates_equal_one_process_with_the_whole_batch(tmp_path, mode):
+@pytest.mark.parametrize("mode", FSDP_MODES)
+def test_fsdp_updates_equal_one_process_with_the_whole_batch(fsdp_results, mode):
     """Two FSDP processes with unequal shares (one pads with idle passes) take, over two updates with a
     save and load between them, the steps one process takes with the whole batch; so does ZeRO stage 1
     (`zero`: whole weights on each process, AdamW's moments sharded and gathered whole into the state).
     FSDP2 holds whole, unsharded gradients between the passes of a step unless they are reduce-scattered
     after every pass (`distributed.reduce_every_pass`)."""
-    import json
-
-    out = tmp_path / "result.json"
-    done = subprocess.run([*TORCHRUN, "tests/fsdp_worker.py", str(out), mode],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = fsdp_results[mode]
     assert not result["skipped"] and result["moved"] > 1e-3  # the updates did something
     # The moments (0.9·0.1·g1 + 0.1·g2) carry the gradients: equal to 1e-6. The weights pass through Adam's
     # g / (|g| + 1e-8), which turns fp32 rounding in gradients of ~1e-8 into lr-sized steps: tree packing sums a
