@@ -37,15 +37,22 @@ def save_state(learner, procs: Processes, run: Run, next_step: int,
         return
     state = learner.state()
     if procs.main:
-        write_state(path, {"next_step": next_step, **state,
-                           "versions": {v: learner.held(w) for v, w in (versions or {}).items()}})
+        write_state(path, next_step, state, {v: learner.held(w) for v, w in (versions or {}).items()})
 
 
-def write_state(path: Path, state: dict) -> None:
-    """`state.pt` written beside and renamed: a kill mid-write leaves the previous state loadable."""
+def write_state(path: Path, next_step: int, state: dict, versions: dict) -> None:
+    """`state.pt`: the next GRPO step, the learner's `state()` (weights and optimiser) and the kept policy versions;
+    written beside and renamed, so a kill mid-write leaves the previous state loadable."""
     tmp = path.with_name(f".state.{os.getpid()}.partial")
-    torch.save(state, tmp)
+    torch.save({"next_step": next_step, **state, "versions": versions}, tmp)
     os.replace(tmp, path)
+
+
+def read_state(path: Path, learner, device: Any = "cpu") -> tuple[int, dict]:
+    """`write_state`'s file put into `learner` (`load`: weights and optimiser); (next GRPO step, kept versions)."""
+    state = torch.load(path, weights_only=True, map_location=device)
+    learner.load(state)
+    return state["next_step"], state.get("versions", {})
 
 
 def load_state(learner, run: Run, device: Callable[[], Any]) -> tuple[int, dict] | None:
@@ -55,11 +62,7 @@ def load_state(learner, run: Run, device: Callable[[], Any]) -> tuple[int, dict]
     if not path.exists():
         return None
     loaded = learner.load_in_place(path)
-    if loaded is not None:
-        return loaded
-    state = torch.load(path, weights_only=True, map_location=device())
-    learner.load(state)
-    return state["next_step"], state.get("versions", {})
+    return loaded if loaded is not None else read_state(path, learner, device())
 
 
 def start_or_resume(cfg: TrainConfig, run: Run, procs: Processes, learner, say: Callable[[str], None], resume: bool,

@@ -23,7 +23,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import write_checkpoint, write_state
+from envace.training.checkpoint import read_state, write_checkpoint, write_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -250,18 +250,15 @@ class LearnerRank:
         state = to_host(self.learner.state())
         if self.rank == 0:
             kept = {v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()}
-            write_state(Path(path), {"next_step": next_step, **state, "versions": to_host(kept)})
+            write_state(Path(path), next_step, state, to_host(kept))
 
     def load_state(self, path: str) -> tuple[int, dict] | None:
         """Every rank reads `state.pt` at `path` (`save_state`'s) and takes its share; rank 0 returns the next
         step and the kept versions, put in the object store for the driver to hand the actors."""
         import ray
 
-        state = torch.load(path, weights_only=True, map_location="cpu")
-        self.learner.load(state)
-        if self.rank != 0:
-            return None
-        return state["next_step"], {v: ray.put(w) for v, w in state.get("versions", {}).items()}
+        next_step, versions = read_state(Path(path), self.learner)
+        return None if self.rank != 0 else (next_step, {v: ray.put(w) for v, w in versions.items()})
 
     def load(self, state: dict) -> None:
         """Take the state the driver sends (CPU tensors) onto this rank's device: `load_state_dict` copies the
