@@ -63,14 +63,15 @@ JSON_DATABASES = {"airline": ("FlightDB", "AIRLINE_DB_PATH"), "retail": ("Retail
 
 @functools.cache
 def _database_file(domain: str) -> dict[str, Any]:
-    name, path = JSON_DATABASES[domain]
-    return tau2_module("utils").load_file(getattr(tau2_module(f"domains.{domain}.utils"), path))
+    path = getattr(tau2_module(f"domains.{domain}.utils"), JSON_DATABASES[domain][1])
+    return tau2_module("utils").load_file(path)
 
 
 def fresh_db(domain: str) -> Any:
     """The domain's database as τ²'s `DB.load` builds it (validated from the parsed file), with the file parsed once
     per process: every environment (each task's gold replay, each episode, each scoring) builds a fresh one, and
-    parsing was two thirds of the 0.22 s an airline environment took. Validation builds every list and dict of the
+    reading and parsing were 38% of an airline environment's time and 80% of a retail one's
+    (`experiments/tau2_env_cost.py`). Validation builds every list and dict of the
     database anew, so no environment shares a mutable part with the parsed file or with another environment
     (`tests/test_tau2.py` checks both). None for the other domains: τ² loads their own."""
     if domain not in JSON_DATABASES:
