@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -81,6 +82,8 @@ def main(out: str, mode: str) -> None:
     state = procs.state(model, optimizer)
     if procs.main:
         torch.save(state, f"{out}.state.pt")
+    if procs.fsdp:  # and each process's own shards, as a resumable FSDP run saves them
+        procs.save_shards(model, optimizer, f"{out}.shards")
     procs.wait()
 
     # A fresh sharded model loads that state and takes a second step: what a resumed run does.
@@ -88,6 +91,7 @@ def main(out: str, mode: str) -> None:
     generator = procs.prepare(again)
     optimizer = procs.optimizer([p for p in again.parameters() if p.requires_grad], 1e-2, shard=zero)
     procs.load(again, optimizer, torch.load(f"{out}.state.pt", weights_only=True))
+    from_shards = same_shards(procs, base, again, optimizer, f"{out}.shards", zero) if procs.fsdp else None
     grpo_step(reference, ref_opt, ROWS, ADVANTAGES, tok.pad_token_id)
     stats = grpo_step(again, optimizer, rows, advantages, tok.pad_token_id, processes=procs)
     procs.sync(again, generator)
@@ -99,8 +103,37 @@ def main(out: str, mode: str) -> None:
                    "moved": max((ref[n] - w).abs().max().item() for n, w in trainable(base).items()),
                    "tensors": len(ref), "saved": [len(state["model"]), len(saved)],
                    "moments": max((saved[n]["exp_avg"] - m).abs().max().item() for n, m in ref_moments.items()),
-                   "skipped": stats["skipped"], "held": max(held)}, open(out, "w"))
+                   "skipped": stats["skipped"], "held": max(held), "from_shards": from_shards,
+                   "shard_files": sorted(p.stat().st_size for p in Path(f"{out}.shards").glob("*.distcp"))},
+                  open(out, "w"))
     procs.wait()
+
+
+def same_shards(procs: Processes, base, loaded, optimizer, folder: str, zero: bool) -> bool:
+    """Whether a fresh sharded model that reads `folder` (`Processes.load_shards`) holds, shard for shard, the
+    weights and optimiser state `loaded` got from the whole state: every process's answer, gathered."""
+    from envace.training.fsdp import sharded_state
+
+    fresh = copy.deepcopy(base).train()
+    procs.prepare(fresh)
+    fresh_opt = procs.optimizer([p for p in fresh.parameters() if p.requires_grad], 1e-2, shard=zero)
+    procs.load_shards(fresh, fresh_opt, folder)
+    pairs = list(zip(leaves(sharded_state(loaded, optimizer)), leaves(sharded_state(fresh, fresh_opt)),
+                     strict=True))
+    mine = torch.tensor([float(bool(pairs) and all(torch.equal(a, b) for a, b in pairs))])
+    torch.distributed.all_reduce(mine, op=torch.distributed.ReduceOp.MIN)
+    return bool(mine.item())
+
+
+def leaves(obj) -> list:
+    """The tensors of a nested state, in order (a DTensor as this process's shard of it)."""
+    if isinstance(obj, dict):
+        return [t for k in sorted(obj, key=str) for t in leaves(obj[k])]
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in leaves(v)]
+    if isinstance(obj, torch.Tensor):
+        return [obj.to_local() if hasattr(obj, "to_local") else obj]
+    return []
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A learner rank under FSDP (`cluster.workers.LearnerRank`, what Ray places) keeps its shards and no whole copy of
-the model, and writes the final checkpoint a whole generation copy, synced after the update, would have written.
+the model, writes the final checkpoint a whole generation copy, synced after the update, would have written, and
+saves `state.pt` as its own shards, which it reads back.
 
 Also a worker: `torchrun --nproc_per_node 2 tests/test_rank_checkpoint.py OUT LORA…` (each LORA `true` or `false`, in
 turn in the one launch, into `OUT.<LORA>`)."""
@@ -40,6 +41,10 @@ def test_fsdp_ranks_hold_no_whole_copy_and_write_the_checkpoint_a_synced_copy_wo
     assert result["held"] < 0.75  # each holds about half the trainable weights, not all of them
     assert result["moved"] > 0  # the update changed the trained weights
     assert result["files"] and result["equal"] == result["tensors"] > 0, result  # every tensor of the checkpoint
+    # state.pt names the folder each rank wrote its own shards into, and each rank reads its own back
+    assert result["run_files"] == ["shards-1/.metadata", "shards-1/__0_0.distcp", "shards-1/__1_0.distcp",
+                                   "state.pt"]
+    assert result["restored"] == [True, True] and result["next_step"] == 1
 
 
 def _worker(out: str, lora: bool):  # -> the LearnerRank, to leave the group once every case ran
@@ -77,9 +82,29 @@ def _worker(out: str, lora: bool):  # -> the LearnerRank, to leave the group onc
             expected = load_file(old / "model.safetensors")
         written = load(files["model.safetensors"])
         equal = sum(torch.equal(written[k], expected[k]) for k in expected) if written.keys() == expected.keys() else -1
+    state = _state_round_trip(rank, Path(f"{out}.run"), rows)
+    if rank_index == 0:
         json.dump({"copies": [c for c, _ in held], "held": max(h for _, h in held), "moved": moved,
-                   "files": sorted(files), "equal": equal, "tensors": len(expected)}, open(out, "w"))
+                   "files": sorted(files), "equal": equal, "tensors": len(expected), **state}, open(out, "w"))
     return rank
+
+
+def _state_round_trip(rank, run: Path, rows) -> dict:
+    """`state.pt` saved by the ranks (`LearnerRank.save_state`, as Ray's driver asks where the ranks see the run
+    folder), the weights moved on by another update, then read back (`load_state`): what each rank holds again
+    and what the run folder holds."""
+    run.mkdir(exist_ok=True)
+    trained = [p for p in rank.learner.model.parameters() if p.requires_grad]
+    saved = [p.to_local().clone() for p in trained]
+    rank.save_state(str(run / "state.pt"), 1, {})
+    rank.update(rows, [-1.0, 1.0])
+    moved = any(not torch.equal(a, p.to_local()) for a, p in zip(saved, trained, strict=True))
+    resumed = rank.load_state(str(run / "state.pt"))
+    back = [None, None]
+    torch.distributed.all_gather_object(back, moved and all(torch.equal(a, p.to_local())
+                                                           for a, p in zip(saved, trained, strict=True)))
+    return {"restored": back, "next_step": resumed and resumed[0],
+            "run_files": sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())}
 
 
 if __name__ == "__main__":

@@ -346,10 +346,11 @@ def test_every_experiment_config_validates(path):
 @pytest.mark.heavy
 def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel, tmp_path, capsys):
     """ZeRO stage 1 under torchrun and FSDP under `accelerate launch` with experiments/accelerate_fsdp.yaml:
-    the same weights as unsharded data parallelism, a whole state saved, and resumes that load it
-    back into the shards."""
+    the same weights as unsharded data parallelism, every weight's state saved (ZeRO's gathered whole, FSDP's
+    as each process's own shards), and resumes that load it back into the shards."""
     import torch
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     torchrun = [*TORCHRUN, "-m", "envace.cli"]
     fsdp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "experiments/accelerate_fsdp.yaml",
@@ -372,6 +373,11 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel
     for name in ("zero", "fsdp"):
         state = torch.load(tmp_path / name / "state.pt", weights_only=True)
         assert state["fsdp"] == (name == "fsdp")
+        if name == "fsdp":  # a file a process beside state.pt, read whole here by torch's own converter
+            shards = tmp_path / name / state["shards"]
+            assert len(list(shards.glob("*.distcp"))) == 2 and "model" not in state
+            dcp_to_torch_save(shards, tmp_path / "whole.pt")
+            state = torch.load(tmp_path / "whole.pt", weights_only=True)
         updated = con.execute("SELECT max(value) FROM metrics WHERE run_id = ? AND name = 'updated'", [name]).fetchall()
         # every weight's moments, not one shard's (tests/fsdp_worker.py checks their values after real updates);
         # when every GRPO step was flat (the tiny model scores nothing) no step made any, but torch's FSDP state
@@ -384,6 +390,7 @@ def test_sharded_optimizer_and_fsdp_take_the_same_steps_and_resume(data_parallel
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("zero", "fsdp"):
         assert torch.load(tmp_path / name / "state.pt", weights_only=True)["next_step"] == 3
+    assert [p.name for p in (tmp_path / "fsdp").glob("*shards-*")] == ["shards-3"]  # the earlier saves' went
     # FSDP's state needs FSDP to resume: refused in one line (here in one process, which is not FSDP either)
     assert main(["train", "experiments/smoke.toml", *common, "--resume", "fsdp", "--set", "grpo.steps=4"]) == 2
     assert "saved with FSDP" in capsys.readouterr().err
@@ -436,6 +443,10 @@ def test_fsdp_updates_equal_one_process_with_the_whole_batch(fsdp_results, mode)
     # chain's order gave 1.5%), so its weights agree to 5e-5 where chain's agreed to 3e-6.
     assert result["weights"] < 1e-4 and result["moments"] < 1e-6
     assert result["saved"] == [result["tensors"]] * 2  # whole weights and moments, not one shard
+    if mode != "zero":  # each process also wrote its own shards, and they read back as the whole state did
+        assert result["from_shards"] is True
+        mine, other = result["shard_files"]  # one file a process, each about half the state
+        assert len(result["shard_files"]) == 2 and mine > 0.6 * other
     if mode in ("full", "full_every_pass"):
         assert (result["held"] == 0) == (mode == "full_every_pass")
 

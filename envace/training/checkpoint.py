@@ -3,6 +3,7 @@
     state.pt     the trainable weights, the optimiser, the next GRPO step and the kept policy versions
                  (`grpo.max_staleness`); after SFT and every `grpo.save_every` steps; all a killed run needs,
                  since step k's tasks and seeds derive from (seed, k) alone
+    shards-<k>/  under FSDP, the weights and optimiser instead, each process's own shards (state.pt names it)
     checkpoint/  the final weights (LoRA merged), the tokenizer and the task groups SFT saw (`pool.SEEN_FILE`),
                  loadable by `--model`
 
@@ -35,9 +36,36 @@ def save_state(learner, procs: Processes, run: Run, next_step: int,
     path = run.path / "state.pt"
     if learner.save_in_place(path, next_step, versions or {}):
         return
-    state = learner.state()
+    write_learner_state(learner, procs, path, next_step,
+                        lambda: {v: learner.held(w) for v, w in (versions or {}).items()})
+
+
+def write_learner_state(learner, procs: Processes, path: Path, next_step: int, kept: Callable[[], dict]) -> None:
+    """`state.pt` at `path` for the learner these processes share (every process calls; `kept()`, on process 0:
+    the kept policy versions). Under FSDP each process writes its own shards of the weights and optimiser state
+    into `shards-<next_step>/` beside it (`Learner.save_shards`) and `state.pt` names that folder, so no process
+    gathers a whole copy; otherwise the state is gathered on process 0 (ZeRO-1's moments), which writes it whole.
+    The folder is written under another name and renamed before `state.pt` names it, and the folders of earlier
+    saves go only after: a kill at any point leaves the last `state.pt` and what it names whole."""
+    if not procs.fsdp:
+        state = learner.state()
+        if procs.main:
+            write_state(path, next_step, state, kept())
+        return
+    shards = path.with_name(f"shards-{next_step}")
+    partial = path.with_name(f".{shards.name}.partial")
     if procs.main:
-        write_state(path, next_step, state, {v: learner.held(w) for v, w in (versions or {}).items()})
+        shutil.rmtree(partial, ignore_errors=True)  # what a save killed midway left
+    procs.wait()
+    learner.save_shards(partial)
+    if procs.main:
+        shutil.rmtree(shards, ignore_errors=True)
+        os.replace(partial, shards)
+        write_state(path, next_step, {"fsdp": True, "shards": shards.name}, kept())
+        for earlier in path.parent.glob("shards-*"):
+            if earlier != shards:
+                shutil.rmtree(earlier)
+    procs.wait()
 
 
 def write_state(path: Path, next_step: int, state: dict, versions: dict) -> None:
@@ -49,9 +77,13 @@ def write_state(path: Path, next_step: int, state: dict, versions: dict) -> None
 
 
 def read_state(path: Path, learner, device: Any = "cpu") -> tuple[int, dict]:
-    """`write_state`'s file put into `learner` (`load`: weights and optimiser); (next GRPO step, kept versions)."""
+    """`write_learner_state`'s file put into `learner` (`load`, or `load_shards` from the folder it names: weights
+    and optimiser); (next GRPO step, kept versions)."""
     state = torch.load(path, weights_only=True, map_location=device)
-    learner.load(state)
+    if "shards" in state:
+        learner.load_shards(path.with_name(state["shards"]))
+    else:
+        learner.load(state)
     return state["next_step"], state.get("versions", {})
 
 

@@ -144,9 +144,7 @@ class Processes:
 
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """The inverse of `state` (every process reads the saved file itself)."""
-        if state.get("fsdp", False) != self.fsdp:
-            raise UsageError("this run's state was saved " + ("with" if state.get("fsdp") else "without") +
-                             " FSDP: resume it the same way (same fsdp setting, several processes)")
+        self._same_sharding(state.get("fsdp", False))
         if self.fsdp:
             from envace.training.fsdp import load
 
@@ -154,6 +152,25 @@ class Processes:
         else:
             model.load_state_dict(state["model"], strict=False)
             optimizer.load_state_dict(state["optimizer"])
+
+    def save_shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder) -> None:
+        """Under FSDP: each process writes its own shards of the weights and optimiser state into `folder`
+        (`fsdp.save_shards`), where `state` would gather them whole on process 0. A collective."""
+        from envace.training.fsdp import save_shards
+
+        save_shards(model, optimizer, folder)
+
+    def load_shards(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder) -> None:
+        """The inverse of `save_shards` (every process reads its pieces)."""
+        self._same_sharding(True)
+        from envace.training.fsdp import load_shards
+
+        load_shards(model, optimizer, folder)
+
+    def _same_sharding(self, saved_fsdp: bool) -> None:
+        if saved_fsdp != self.fsdp:
+            raise UsageError("this run's state was saved " + ("with" if saved_fsdp else "without") +
+                             " FSDP: resume it the same way (same fsdp setting, several processes)")
 
     def wait(self) -> None:
         if self.world > 1:

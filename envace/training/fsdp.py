@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -102,6 +103,38 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
     return get_optimizer_state_dict(model, optimizer,
                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Each process writes the shards it holds of the trainable weights and of the optimiser's state into `folder`
+    (torch.distributed.checkpoint: a file a process, and the metadata process 0 writes once every file is in), so
+    nothing is gathered on one process. A collective; `folder` is the same path on every process, on a
+    filesystem they all see."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sharded_state(model, optimizer), checkpoint_id=folder)
+
+
+def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """`save_shards`' folder put back into the shards, each process reading the pieces its own shards cover
+    (torch.distributed.checkpoint re-slices when the processes are more or fewer than those that saved)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    state = sharded_state(model, optimizer)
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(strict=False))
+
+
+def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model": the trainable weights' shards by name, "optimizer": the optimiser's state for them}, as DTensors
+    over this process's shards (a frozen base stays out: it is the model's files)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights, moments = get_state_dict(model, optimizer)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {"model": {n: w for n, w in weights.items() if n in trained}, "optimizer": moments}
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:

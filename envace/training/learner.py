@@ -8,6 +8,7 @@
     sft_step(rows, n)           one supervised step (every advantage 1: the loss is the NLL over n rows)
     weights()                   the trainable weights whole (LoRA's adapters, or every weight): the version to publish
     state() / load()            weights and optimiser state for `state.pt` (gathered on process 0 under ZeRO-1 / FSDP)
+    save_shards() / load_shards()   the same under FSDP, each process writing and reading its own shards
 
 `Learner` runs in the one process of `envace train`, in each process of `accelerate launch`, and in each learner
 rank Ray places (`cluster/workers.py`); `cluster.driver.RemoteLearner` is the same interface over those ranks.
@@ -144,3 +145,9 @@ class Learner(BaseLearner):
 
     def load(self, state: dict) -> None:
         self.procs.load(self.model, self.optimizer, state)
+
+    def save_shards(self, folder) -> None:
+        self.procs.save_shards(self.model, self.optimizer, folder)
+
+    def load_shards(self, folder) -> None:
+        self.procs.load_shards(self.model, self.optimizer, folder)

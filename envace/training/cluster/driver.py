@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envace.config import TrainConfig
-from envace.errors import Stopped
+from envace.errors import Stopped, UsageError
 from envace.store import Run
 from envace.training.actor import Played
 from envace.training.checkpoint import start_or_resume, write_files
@@ -312,6 +312,12 @@ class RemoteLearner(BaseLearner):
         import ray
 
         self._all("load", ray.put(state))
+
+    def load_shards(self, folder: Path) -> None:
+        """A `state.pt` naming FSDP shards (saved where every rank saw the run folder) read here, where one does
+        not: each rank must read its own pieces."""
+        raise UsageError(f"this run's state is in FSDP shards ({folder}) that every learner rank reads itself, and a "
+                         "rank here does not see the run folder: resume it on nodes that share the run's --root")
 
 
 def _ranks(cfg: TrainConfig, placement: Placement) -> list:

@@ -23,7 +23,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import read_state, write_checkpoint, write_state
+from envace.training.checkpoint import read_state, write_checkpoint, write_learner_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -243,14 +243,13 @@ class LearnerRank:
             return False
 
     def save_state(self, path: str, next_step: int, versions: dict) -> None:
-        """`state.pt` at `path` (`checkpoint.write_state`), written by rank 0 (every rank gathers): the kept policy
-        versions are references into the object store (`weights`), read here."""
+        """`state.pt` at `path` (`checkpoint.write_learner_state`, as the single-process loop saves it: under FSDP
+        every rank writes its own shards, else rank 0 the gathered state): the kept policy versions are references
+        into the object store (`weights`), read here."""
         import ray
 
-        state = to_host(self.learner.state())
-        if self.rank == 0:
-            kept = {v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()}
-            write_state(Path(path), next_step, state, to_host(kept))
+        write_learner_state(self.learner, self.procs, Path(path), next_step, lambda: to_host(
+            {v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()}))
 
     def load_state(self, path: str) -> tuple[int, dict] | None:
         """Every rank reads `state.pt` at `path` (`save_state`'s) and takes its share; rank 0 returns the next
