@@ -19,12 +19,13 @@ def main() -> None:
     args = parser.parse_args()
     print("| domain | τ²'s loader | parsed once | ratio |\n|---|---|---|---|")
     for domain in JSON_DATABASES:
-        own = tau2_module(f"domains.{domain}.environment").get_environment
-        spent = {"own": 0.0, "once": 0.0}
-        for build in (own, lambda d=domain: make_environment(d)):  # warm-up: imports, the one parse
+        builders = {"own": tau2_module(f"domains.{domain}.environment").get_environment,
+                    "once": lambda d=domain: make_environment(d)}
+        spent = dict.fromkeys(builders, 0.0)
+        for build in builders.values():  # warm-up: imports, the one parse
             build()
         for _ in range(args.repeat):
-            for name, build in (("own", own), ("once", lambda d=domain: make_environment(d))):
+            for name, build in builders.items():
                 started = time.perf_counter()
                 build()
                 spent[name] += time.perf_counter() - started

@@ -4,31 +4,35 @@ fake of Ray's API (`test_work_queue.FakeRay`); tests/test_ray.py runs both paths
 
 from __future__ import annotations
 
+import sys
+
+import pytest
+import torch
 from test_work_queue import FakeRay, Method
 
+from envace.errors import UsageError
+from envace.training.checkpoint import read_state, write_state
 from envace.training.cluster.driver import RemoteLearner
 from envace.training.cluster.workers import LearnerRank
 
 
 class Rank:
-    """A learner rank whose node sees the driver's disk (`LearnerRank.sees` on the file itself) or not."""
+    """A learner rank whose node sees the driver's disk (`LearnerRank.sees` on the file itself) or not (on a path
+    beside it, which no one wrote)."""
 
     def __init__(self, fake: FakeRay, sees_disk: bool) -> None:
         self.fake, self.free, self.probes = fake, 0.0, []
-        self.sees = Method(self._sees if sees_disk else self._blind)
+        self.elsewhere = "" if sees_disk else ".elsewhere"
+        self.sees = Method(self._sees)
 
     def _sees(self, probe: str, token: str):
         self.probes.append(probe)
-        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe, token))
-
-    def _blind(self, probe: str, token: str):
-        self.probes.append(probe)
-        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe + ".elsewhere", token))
+        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe + self.elsewhere, token))
 
 
 def _learner(monkeypatch, *sees_disk: bool) -> tuple[RemoteLearner, list[Rank]]:
     fake = FakeRay()
-    monkeypatch.setitem(__import__("sys").modules, "ray", fake)
+    monkeypatch.setitem(sys.modules, "ray", fake)
     ranks = [Rank(fake, s) for s in sees_disk]
     return RemoteLearner(None, ranks, "r"), ranks
 
@@ -49,3 +53,12 @@ def test_a_rank_sees_the_probe_only_with_the_drivers_token(tmp_path):
     assert LearnerRank.sees(None, str(probe), "abc") is True
     assert LearnerRank.sees(None, str(probe), "abd") is False  # another run's probe, or a stale one
     assert LearnerRank.sees(None, str(tmp_path / "missing"), "abc") is False
+
+
+def test_fsdp_shards_saved_where_every_rank_saw_the_folder_are_refused_where_one_does_not(tmp_path):
+    """A `state.pt` naming FSDP shards (each rank wrote its own) resumed on nodes of which one does not see the run
+    folder: the driver cannot hand them out, so one line, before any rank loads anything."""
+    write_state(tmp_path / "state.pt", 3, {"fsdp": True, "shards": "shards-3"}, {})
+    with pytest.raises(UsageError, match=r"FSDP shards .*shards-3.* resume it on nodes that share the run's --root"):
+        read_state(tmp_path / "state.pt", RemoteLearner(None, [], "r"))
+    assert torch.load(tmp_path / "state.pt", weights_only=True)["next_step"] == 3  # left as it was
