@@ -161,7 +161,8 @@ def sharded_results(tmp_path_factory) -> dict[str, dict]:
 def test_sharded_optimizers_keep_sharded_masters_and_resume_exactly(sharded_results, mode):
     """Two processes, bf16 weights: ZeRO-1 (each process steps the masters of its slice) and FSDP2 (masters
     are DTensor shards) move the weights as one process does, save every master whole in fp32, and a
-    resume from that state takes the very steps the uninterrupted run takes."""
+    resume from the saved state (FSDP's: each process's own shards) takes the very steps the uninterrupted run
+    takes."""
     result = sharded_results[mode]
     assert result["changed"] >= 0.9  # pure bf16: ~0.3
     assert result["vs_one_process"] < 0.05  # only the order the two shares' gradients are summed in differs
@@ -193,6 +194,8 @@ def _worker(out: str, mode: str) -> None:
     state = procs.state(model, optimizer)
     if procs.main:
         torch.save(state, f"{out}.state.pt")
+    if procs.fsdp:  # what a resumable FSDP run saves: each process's own shards, masters included
+        procs.save_shards(model, optimizer, f"{out}.shards")
     procs.wait()
     train(model, optimizer, share, STEPS - STEPS // 2, scale, procs)
     straight = whole(model)
@@ -201,7 +204,10 @@ def _worker(out: str, mode: str) -> None:
     held = [procs.total(held), procs._reduce(held, torch.distributed.ReduceOp.MAX)]
 
     model, optimizer = build()
-    procs.load(model, optimizer, torch.load(f"{out}.state.pt", weights_only=True))
+    if procs.fsdp:
+        procs.load_shards(model, optimizer, f"{out}.shards")
+    else:
+        procs.load(model, optimizer, torch.load(f"{out}.state.pt", weights_only=True))
     train(model, optimizer, share, STEPS - STEPS // 2, scale, procs)
     resumed = whole(model)
     if procs.main:
