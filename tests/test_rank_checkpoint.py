@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,7 @@ def test_fsdp_ranks_hold_no_whole_copy_and_write_the_checkpoint_a_synced_copy_wo
 
 
 def _worker(out: str, lora: bool):  # -> the LearnerRank, to leave the group once every case ran
-    from safetensors.torch import load, load_file
+    from safetensors.torch import load_file
 
     from envace.config import TrainConfig
     from envace.training import fsdp
@@ -73,14 +74,17 @@ def _worker(out: str, lora: bool):  # -> the LearnerRank, to leave the group onc
     held = [None, None]
     torch.distributed.all_gather_object(held, (rank.generator is not None, local / total))
     fsdp.sync(rank.learner.model, whole.model)  # the old path: the whole copy takes the trained weights
-    files = rank.checkpoint()
+    written = rank.checkpoint()  # rank 0's folder on its own node (the driver would take it in pieces)
     if rank_index == 0:
         moved = max((whole.model.get_parameter(n) - w).abs().max().item() for n, w in before.items())
         with tempfile.TemporaryDirectory() as folder:
             old = write_checkpoint(Path(folder) / "old", whole.model, whole.tok, seen_groups(cfg, whole.train_tasks),
                                    cfg.policy.lora)
             expected = load_file(old / "model.safetensors")
-        written = load(files["model.safetensors"])
+        folder = Path(written) / "checkpoint"
+        files = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+        written = load_file(folder / "model.safetensors")
+        shutil.rmtree(folder.parent)
         equal = sum(torch.equal(written[k], expected[k]) for k in expected) if written.keys() == expected.keys() else -1
     state = _state_round_trip(rank, Path(f"{out}.run"), rows)
     if rank_index == 0:

@@ -4,8 +4,9 @@ nodes simulated on this machine (`ray_cluster.loopback_cluster`).
 The cluster's worker processes start with `tests/ray_workers` on their PYTHONPATH: the tiny model's messages
 are half swapped for the gold ones there (as tests/test_staleness.py does in-process), so groups have signal
 and updates happen; any file operation of a worker under the driver's runs folder raises, as on a node without
-the driver's disk (the learner ranks find the driver's probe unreadable, so `state.pt` and the checkpoint come to the
-driver as bytes), so a run that passes gave no actor or learner rank another path of the driver's; and a test
+the driver's disk (the learner ranks find the driver's probe unreadable, so rank 0 writes `state.pt` and the
+checkpoint on its own side and streams them to the driver in pieces), so a run that passes gave no actor or learner
+rank another path of the driver's; and a test
 removes the file `_marker(runs)` to make the next actor that plays step 2 raise once, as a served backend whose
 vLLM server answered 503; and one writes `_slow(runs)` to make an actor sleep before each group it plays (the
 work queue routes around it).
@@ -114,7 +115,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     assert _train(address, runs, "whole", 3, *TWO_NODES) == 0
     out = capsys.readouterr().out
     assert "2 actor(s) on node 0" in out and "node 1" in out.split("actor(s) on")[1].split(";")[0]  # one per node
-    assert "a learner rank does not see the run folder: state.pt and the checkpoint come here as bytes" in out
+    assert "a learner rank does not see the run folder: state.pt and the checkpoint come here in pieces" in out
     assert "a learner of 2 rank(s)" in out and killed and "actor 0 died" in out
     con = connect(runs)
     assert _stored_once(con, "whole", 3) >= 1
@@ -169,9 +170,8 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
               "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
     through_driver = []  # the driver's own way to state.pt and back, and to the checkpoint: never taken here
-    for name in ("state", "load"):
+    for name in ("taken", "load"):
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
-    monkeypatch.setattr(driver, "write_files", lambda *a: through_driver.append("write_files"))
     capsys.readouterr()
     assert main(resume) == 1
     said = capsys.readouterr().err.strip().splitlines()
@@ -291,9 +291,8 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
         return load(self, weights, version)
 
     monkeypatch.setattr(driver.RemoteActors, "load", watched)
-    for name in ("state", "load"):  # the driver's way to state.pt and back
+    for name in ("taken", "load"):  # the driver's way to state.pt and the checkpoint, and back
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
-    monkeypatch.setattr(driver, "write_files", lambda *a: through_driver.append("write_files"))
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0
     assert "learner rank 0 writes state.pt and the checkpoint in the run folder" in capsys.readouterr().out

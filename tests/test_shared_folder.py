@@ -62,3 +62,28 @@ def test_fsdp_shards_saved_where_every_rank_saw_the_folder_are_refused_where_one
     with pytest.raises(UsageError, match=r"FSDP shards .*shards-3.* resume it on nodes that share the run's --root"):
         read_state(tmp_path / "state.pt", RemoteLearner(None, [], "r"))
     assert torch.load(tmp_path / "state.pt", weights_only=True)["next_step"] == 3  # left as it was
+
+
+def test_a_folder_sent_in_pieces_arrives_whole_and_no_piece_is_larger_than_the_limit(monkeypatch, tmp_path):
+    """Where a rank does not see the run folder, rank 0 streams `state.pt` and the checkpoint to the driver
+    (`checkpoint.pieces` → `receive`): every file arrives byte for byte (an empty one too, nested ones in their
+    folders), the driver holds one piece at a time, and the sender's folder is gone after."""
+    from envace.training import checkpoint
+
+    monkeypatch.setattr(checkpoint, "PIECE", 1000)
+    sent = tmp_path / "rank0"
+    (sent / "nested").mkdir(parents=True)
+    files = {"state.pt": bytes(range(256)) * 9, "nested/model.safetensors": b"w" * 3000, "empty.json": b""}
+    for name, data in files.items():
+        (sent / name).write_bytes(data)
+    sizes = []
+
+    def through(stream):
+        for name, piece in stream:
+            sizes.append(len(piece))
+            yield name, piece
+
+    here = checkpoint.receive(through(checkpoint.pieces(sent)), tmp_path / "driver")
+    assert {str(p.relative_to(here)): p.read_bytes() for p in here.rglob("*") if p.is_file()} == files
+    assert max(sizes) == 1000 and len(sizes) == 3 + 3 + 1  # 2,304 bytes in 3 pieces, 3,000 in 3, the empty one
+    assert not sent.exists()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,16 @@ def save_state(learner, procs: Processes, run: Run, next_step: int,
                         lambda: {v: learner.held(w) for v, w in (versions or {}).items()})
 
 
-def write_learner_state(learner, procs: Processes, path: Path, next_step: int, kept: Callable[[], dict]) -> None:
+def write_learner_state(learner, procs: Processes, path: Path, next_step: int, kept: Callable[[], dict],
+                        shards: bool | None = None) -> None:
     """`state.pt` at `path` for the learner these processes share (every process calls; `kept()`, on process 0:
-    the kept policy versions). Under FSDP each process writes its own shards of the weights and optimiser state
-    into `shards-<next_step>/` beside it (`Learner.save_shards`) and `state.pt` names that folder, so no process
-    gathers a whole copy; otherwise the state is gathered on process 0 (ZeRO-1's moments), which writes it whole.
+    the kept policy versions). Under FSDP (`shards`, unless False) each process writes its own shards of the
+    weights and optimiser state into `shards-<next_step>/` beside it (`Learner.save_shards`) and `state.pt` names
+    that folder, so no process gathers a whole copy; otherwise the state is gathered on process 0 (FSDP's shards,
+    ZeRO-1's moments), which writes it whole.
     The folder is written under another name and renamed before `state.pt` names it, and the folders of earlier
     saves go only after: a kill at any point leaves the last `state.pt` and what it names whole."""
-    if not procs.fsdp:
+    if not (procs.fsdp if shards is None else shards):
         state = learner.state()
         if procs.main:
             write_state(path, next_step, state, kept())
@@ -134,19 +136,47 @@ def write_checkpoint(out: Path, model, tokenizer, seen: set[str], lora: bool) ->
     (model.merge_and_unload() if lora else model).save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     write_seen(partial, seen)
-    return _replace(partial, out)
+    return replace_folder(partial, out)
 
 
-def write_files(out: Path, files: dict[str, bytes]) -> Path:
-    """A checkpoint another process saved with `write_checkpoint` ({relative path: bytes}), written as `out`."""
-    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    for name, data in files.items():
-        (partial / name).parent.mkdir(parents=True, exist_ok=True)
-        (partial / name).write_bytes(data)
-    return _replace(partial, out)
+PIECE = 64 * 2**20  # bytes a piece of a file sent between processes (`pieces`): what the receiver holds at once
 
 
-def _replace(partial: Path, out: Path) -> Path:
+def pieces(folder: Path) -> Iterator[tuple[str, bytes]]:
+    """Every file under `folder` as (path relative to it, bytes), each file in order in pieces of at most `PIECE`
+    bytes (an empty file as one empty piece); `folder` removed once all are sent."""
+    try:
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            name = str(file.relative_to(folder))
+            with file.open("rb") as f:
+                piece = f.read(PIECE)
+                yield name, piece
+                while piece := f.read(PIECE):
+                    yield name, piece
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def receive(sent: Iterable[tuple[str, bytes]], folder: Path) -> Path:
+    """What `pieces` sent, written under `folder` as it comes: one piece in memory at a time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name, out = None, None
+    try:
+        for piece_of, piece in sent:
+            if piece_of != name:
+                if out is not None:
+                    out.close()
+                (folder / piece_of).parent.mkdir(parents=True, exist_ok=True)
+                name, out = piece_of, (folder / piece_of).open("wb")
+            out.write(piece)
+    finally:
+        if out is not None:
+            out.close()
+    return folder
+
+
+def replace_folder(partial: Path, out: Path) -> Path:
+    """`partial`, written in full, as `out`."""
     if out.exists():  # a resumed run replaces its earlier checkpoint
         shutil.rmtree(out)
     os.replace(partial, out)  # a kill mid-save leaves no half-written checkpoint behind

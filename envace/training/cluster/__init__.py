@@ -7,6 +7,8 @@
       └─ learner (placement group B): N ranks in one torch.distributed group (gloo on CPUs, NCCL on GPUs),
                  each updating on its share of the groups (`workers.LearnerRank`)
 
-Nothing crosses between them as a path: weights, optimiser state, episodes and the final checkpoint travel
-through Ray's object store, and only the driver writes files, so no node needs a shared filesystem.
+Weights and episodes travel through Ray's object store. Where every learner rank sees the run folder (one
+machine, or a filesystem every node mounts), the ranks write `state.pt` (under FSDP each its own shards) and the
+checkpoint there themselves; elsewhere rank 0 writes them on its own node and streams them to the driver in
+pieces, so no node needs a shared filesystem and the driver never holds either whole.
 """

@@ -19,10 +19,13 @@ whole step is back, by the driver alone, so a group is stored exactly once howev
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from envace.config import TrainConfig
 from envace.errors import Stopped, UsageError
 from envace.store import Run
 from envace.training.actor import Played
-from envace.training.checkpoint import start_or_resume, write_files
+from envace.training.checkpoint import receive, replace_folder, start_or_resume
 from envace.training.cluster.placement import Placement
 from envace.training.distributed import Processes
 from envace.training.evaluate import evaluate
@@ -242,7 +245,7 @@ class RemoteLearner(BaseLearner):
         """Whether every rank reads a file this process has just written in `folder` (a probe, removed after):
         then rank 0 writes `state.pt` and the checkpoint there itself, every rank reads `state.pt` back on
         `--resume`, and neither passes through the driver's memory; else (a rank's node without the driver's
-        disk) both come here as bytes."""
+        disk) rank 0 writes both on its own node and sends them here in pieces (`taken`)."""
         token = secrets.token_hex(8)
         probe = folder / f".probe-{token}"
         probe.write_text(token)
@@ -265,15 +268,34 @@ class RemoteLearner(BaseLearner):
         while pending:
             [ready], _ = ray.wait(list(pending), num_returns=1)
             rank = pending.pop(ready)
-            try:
+            with self._stops(rank, what):
                 out[rank] = ray.get(ready)
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError,
-                    ray.exceptions.UnserializableException) as exc:
-                why = f"died ({type(exc).__name__})" if isinstance(exc, ray.exceptions.RayActorError) else \
-                    f"failed ({failure(exc)})"
-                raise Stopped(f"ray: learner rank {rank} {why} in `{what}`; the run stops, every step it saved is "
-                              f"kept: add `--resume {self.run_id}` to the same command to go on") from exc
         return out
+
+    @contextlib.contextmanager
+    def _stops(self, rank: int, what: str) -> Iterator[None]:
+        """A rank that died or raised inside the block: the run stops, in one line (`gather`)."""
+        import ray
+
+        try:
+            yield
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError,
+                ray.exceptions.UnserializableException) as exc:
+            why = f"died ({type(exc).__name__})" if isinstance(exc, ray.exceptions.RayActorError) else \
+                f"failed ({failure(exc)})"
+            raise Stopped(f"ray: learner rank {rank} {why} in `{what}`; the run stops, every step it saved is "
+                          f"kept: add `--resume {self.run_id}` to the same command to go on") from exc
+
+    def taken(self, folder: str, beside: Path) -> Path:
+        """Rank 0's `folder` (on its node: `LearnerRank.save_state`'s or `checkpoint`'s), written here as a folder
+        beside `beside` as its pieces arrive (`LearnerRank.send`): this process holds one piece at a time, never
+        a whole state or checkpoint. The caller moves what it needs out and removes the folder."""
+        import ray
+
+        here = beside.with_name(f".{beside.name}.{os.getpid()}.taken")
+        shutil.rmtree(here, ignore_errors=True)
+        with self._stops(0, "send"):
+            return receive((ray.get(ref) for ref in self.handles[0].send.remote(folder)), here)
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
         order = list(dict.fromkeys(r.task_uid for r in rows))  # tasks in the order they were played
@@ -295,15 +317,17 @@ class RemoteLearner(BaseLearner):
 
         return ray.get(published) if isinstance(published, ray.ObjectRef) else published
 
-    def state(self) -> dict | None:
-        return self._all("state")[0]
-
     def save_in_place(self, path: Path, next_step: int, versions: dict) -> bool:
-        """Rank 0 writes `state.pt` where it sees the run folder; the kept versions go as references (nested in a
-        dict, Ray passes them on unread)."""
+        """The ranks write `state.pt` where every rank sees the run folder (under FSDP each its own shards); else
+        rank 0 writes it whole on its own node and it comes here in pieces (`taken`). The kept versions go as
+        references (nested in a dict, Ray passes them on unread)."""
         if self.shared:
             self._all("save_state", str(path), next_step, versions)
-        return self.shared
+            return True
+        here = self.taken(self._all("save_state", None, next_step, versions)[0], path)
+        os.replace(here / "state.pt", path)
+        shutil.rmtree(here)
+        return True
 
     def load_in_place(self, path: Path) -> tuple[int, dict] | None:
         return self._all("load_state", str(path))[0] if self.shared else None
@@ -366,7 +390,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         learner = RemoteLearner(cfg, ranks, run.run_id)
         learner.shared = learner.sees(run.path)
         say("ray: learner rank 0 writes state.pt and the checkpoint in the run folder" if learner.shared else
-            "ray: a learner rank does not see the run folder: state.pt and the checkpoint come here as bytes")
+            "ray: a learner rank does not see the run folder: state.pt and the checkpoint come here in pieces")
         t = Trainer(cfg, run, procs, learner, Recorder.open(cfg, run, procs, say), pool)
 
         def warm() -> dict[str, Any]:  # SFT on the ranks; its metrics recorded here
@@ -381,9 +405,13 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
             evaluate(remote, t.recorder, 0, learner.weights())
         overlapped(t, remote, start, versions)
         out = run.path / "checkpoint"
-        files = learner.gather([r.checkpoint.remote(str(out) if learner.shared else None) for r in ranks],
-                               "checkpoint")[0]
-        summary["checkpoint"] = str(out if learner.shared else write_files(out, files))
+        written = learner.gather([r.checkpoint.remote(str(out) if learner.shared else None) for r in ranks],
+                                 "checkpoint")[0]
+        if not learner.shared:  # rank 0 wrote it on its own node
+            here = learner.taken(written, out)
+            replace_folder(here / "checkpoint", out)
+            shutil.rmtree(here)
+        summary["checkpoint"] = str(out)
         say(f"saved {summary['checkpoint']}")
         t.recorder.close()
         return summary

@@ -1,9 +1,10 @@
 """What runs inside Ray's worker processes: a rollout actor, and one rank of the learner.
 
 Both are plain classes (`ray.remote` wraps them in `driver.py`), and both build what they need from the
-config alone: the base model by name, the benchmark from its installed package. What the learner
-produces (a policy version, optimiser state, the checkpoint's files) is returned as values, and every tensor in
-them on the CPU (`to_host`): the driver holds no CUDA tensor.
+config alone: the base model by name, the benchmark from its installed package. What the learner returns
+(a policy version's reference, an update's statistics) has every tensor on the CPU (`to_host`): the driver holds
+no CUDA tensor; `state.pt` and the checkpoint are files rank 0 writes, streamed to the driver in pieces only where
+the ranks do not see the run folder (`LearnerRank.send`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import read_state, write_checkpoint, write_learner_state
+from envace.training.checkpoint import pieces, read_state, write_checkpoint, write_learner_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -36,8 +37,8 @@ from envace.training.sft import warm_up
 
 def to_host(obj: Any) -> Any:
     """`obj` with every tensor in it (through dicts, lists and tuples) moved to the CPU: what a rank returns to the
-    driver. The driver may run on a node without a GPU (it saves `state.pt`), and on one with a GPU it would
-    otherwise hold every kept policy version (`grpo.max_staleness` + 1 of them) in that GPU's memory."""
+    driver. The driver may run on a node without a GPU, and on one with a GPU it would otherwise hold every kept
+    policy version (`grpo.max_staleness` + 1 of them) in that GPU's memory."""
     if isinstance(obj, torch.Tensor):
         return obj.to("cpu")
     if isinstance(obj, dict):
@@ -228,11 +229,6 @@ class LearnerRank:
         weights = self.host_weights()
         return None if weights is None else [ray.put(weights)]
 
-    def state(self) -> dict | None:
-        """Weights and optimiser state for `state.pt`, on the CPU (`to_host`): the driver saves them (when a rank
-        does not see the run folder, `sees`)."""
-        return to_host(self.learner.state())
-
     def sees(self, probe: str, token: str) -> bool:
         """Whether `probe`, a file the driver has just written in the run folder, holds `token` here too: the
         folder is shared (one machine, or a filesystem every node mounts). Where every rank sees it, rank 0 writes
@@ -242,14 +238,28 @@ class LearnerRank:
         except OSError:
             return False
 
-    def save_state(self, path: str, next_step: int, versions: dict) -> None:
+    def save_state(self, path: str | None, next_step: int, versions: dict) -> str | None:
         """`state.pt` at `path` (`checkpoint.write_learner_state`, as the single-process loop saves it: under FSDP
         every rank writes its own shards, else rank 0 the gathered state): the kept policy versions are references
-        into the object store (`weights`), read here."""
+        into the object store (`weights`), read here. `path` None (a rank does not see the run folder, `sees`):
+        rank 0 writes the state whole (FSDP's gathered) in a folder of its own node, and returns that folder for
+        the driver to take in pieces (`send`)."""
         import ray
 
-        write_learner_state(self.learner, self.procs, Path(path), next_step, lambda: to_host(
-            {v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()}))
+        whole = path is None
+        here = tempfile.mkdtemp(prefix="envace-state-") if whole and self.rank == 0 else None
+        target = Path(path) if not whole else Path(here or ".") / "state.pt"  # a whole state: rank 0 alone writes
+
+        def kept() -> dict:
+            return to_host({v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()})
+
+        write_learner_state(self.learner, self.procs, target, next_step, kept, shards=self.procs.fsdp and not whole)
+        return here
+
+    def send(self, folder: str):
+        """The files of `folder` on this rank's node (`save_state`'s, `checkpoint`'s), streamed to the driver in
+        pieces (`checkpoint.pieces`), so neither side holds them whole; the folder removed after."""
+        yield from pieces(Path(folder))
 
     def load_state(self, path: str) -> tuple[int, dict] | None:
         """Every rank reads `state.pt` at `path` (`save_state`'s) and takes its share; rank 0 returns the next
@@ -266,9 +276,10 @@ class LearnerRank:
         FSDP's `set_*_state_dict` scatters them into the shards; nothing of the driver's copy is kept."""
         self.learner.load(state)
 
-    def checkpoint(self, out: str | None = None) -> str | dict[str, bytes] | None:
+    def checkpoint(self, out: str | None = None) -> str | None:
         """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them, by rank 0: written as
-        `out` where it sees the run folder (`sees`), else returned as {file: bytes} for the driver to write.
+        `out` where it sees the run folder (`sees`), else in a folder of its own node, returned for the driver to
+        take in pieces (`send`).
         Under FSDP (a collective) the trained weights are gathered one at a time into host memory on rank 0 and
         put into a host copy of the base model built for the save: no rank holds a whole model on its device."""
         generator = self.generator
@@ -280,10 +291,9 @@ class LearnerRank:
         seen = seen_groups(self.cfg, self.policy.train_tasks)
         if out is not None:
             return str(write_checkpoint(Path(out), generator, self.policy.tok, seen, self.cfg.policy.lora))
-        with tempfile.TemporaryDirectory(prefix="envace-checkpoint-") as folder:
-            written = write_checkpoint(Path(folder) / "checkpoint", generator, self.policy.tok, seen,
-                                       self.cfg.policy.lora)
-            return {str(p.relative_to(written)): p.read_bytes() for p in written.rglob("*") if p.is_file()}
+        folder = Path(tempfile.mkdtemp(prefix="envace-checkpoint-"))
+        write_checkpoint(folder / "checkpoint", generator, self.policy.tok, seen, self.cfg.policy.lora)
+        return str(folder)
 
     def leave(self) -> None:
         if torch.distributed.is_initialized():
