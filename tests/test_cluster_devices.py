@@ -5,6 +5,8 @@ and what the driver sends it must land on the rank's own device."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,7 +56,7 @@ class GpuLearner:
 
 def _rank(learner) -> LearnerRank:
     rank = LearnerRank.__new__(LearnerRank)  # what Ray builds, without Ray: rank 0 of 1, its learner joined
-    rank.cfg, rank.rank, rank.world, rank.learner = None, 0, 1, learner
+    rank.cfg, rank.rank, rank.world, rank.learner, rank.procs = None, 0, 1, learner, Processes()
     return rank
 
 
@@ -69,16 +71,19 @@ def _tensors(obj) -> list[torch.Tensor]:
 
 
 def test_a_gpu_rank_returns_only_plain_cpu_tensors_to_the_driver():
-    """What it returns (its state, its statistics) and what it publishes: `host_weights` is what rank 0 puts in
-    the object store (`weights`, which needs Ray, hands the driver only the reference: test_ray)."""
+    """What it returns (its statistics) and what it publishes: `host_weights` is what rank 0 puts in the object
+    store (`weights`, which needs Ray, hands the driver only the reference: test_ray). Its state, where the driver
+    must take it (a rank does not see the run folder), reaches the driver as the pieces of a file: no tensor."""
     rank = _rank(GpuLearner())
-    for returned in (rank.host_weights(), rank.state(), rank.update([], [])):
+    for returned in (rank.host_weights(), rank.update([], [])):
         tensors = _tensors(returned)
         assert tensors and all(type(t) is torch.Tensor and t.device.type == "cpu" for t in tensors), \
             [(type(t).__name__, t.device) for t in tensors]
-    state = rank.state()
-    assert state["fsdp"] is False and state["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
     assert rank.update([], [])["loss"] == 0.5 and isinstance(rank.update([], [])["pair"], tuple)
+    folder = rank.save_state(None, 1, {})
+    sent = list(rank.send(folder))
+    assert sent and {name for name, _ in sent} == {"state.pt"} and all(type(p) is bytes for _, p in sent)
+    assert not Path(folder).exists()  # removed from the rank's node once sent
 
 
 def test_to_host_keeps_values_and_structure():
