@@ -95,9 +95,9 @@ def test_to_host_keeps_values_and_structure():
 
 
 @pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
-def test_state_the_driver_sends_lands_on_the_ranks_device():
-    """The driver sends CPU tensors (it loaded `state.pt` onto its CPU); the rank's parameters live elsewhere (the
-    meta device stands in for its GPU): weights and AdamW's moments end up beside the parameters."""
+def test_a_saved_state_lands_on_the_ranks_device(tmp_path):
+    """`state.pt` is read onto the CPU (the driver's pieces, or the run folder); the rank's parameters live
+    elsewhere (the meta device stands in for its GPU): weights and AdamW's moments end up beside the parameters."""
     model = torch.nn.Linear(3, 2, device="meta")
     learner = Learner.__new__(Learner)
     learner.cfg, learner.model, learner.procs = None, model, Processes()
@@ -107,6 +107,7 @@ def test_state_the_driver_sends_lands_on_the_ranks_device():
              "optimizer": {"state": {i: {"step": torch.tensor(3.0), "exp_avg": torch.randn(*p.shape),
                                          "exp_avg_sq": torch.rand(*p.shape)} for i, p in enumerate(model.parameters())},
                            "param_groups": [{**learner.optimizer.param_groups[0], "params": [0, 1]}]}}
-    rank.load(state)
+    torch.save({"next_step": 2, **state, "versions": {}}, tmp_path / "state.pt")
+    assert rank.load_state(str(tmp_path / "state.pt")) == (2, {})
     moments = [t for s in learner.optimizer.state.values() for k, t in s.items() if k != "step"]
     assert len(moments) == 4 and all(t.device.type == "meta" for t in moments)

@@ -129,6 +129,14 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     assert main(["show", "whole", "--root", str(runs)]) == 0
     shown = capsys.readouterr().out
     assert "actor 1 playing its share" in shown and "actors restarted" in shown and "0: 1, 1: 2" in shown
+    # Resumed where no rank sees the run folder: `state.pt` reaches the ranks in pieces through the object store
+    # (`send_state`) and the checkpoint comes back in pieces; no step is left, so it holds the very same weights.
+    trained_weights = _weights(runs, "whole")
+    assert main(["train", "experiments/smoke.toml", "--root", str(runs), "--ray", address, "--resume", "whole",
+                 "--set", "grpo.steps=3", *STALE, *TWO_NODES]) == 0
+    assert "resuming at GRPO step 4" in capsys.readouterr().out
+    again = _weights(runs, "whole")
+    assert again.keys() == trained_weights.keys() and all(torch.equal(again[k], trained_weights[k]) for k in again)
 
     # The same run, cut twice before it ends where "whole" did, in a runs folder the workers see (as on one machine
     # or a shared filesystem): learner rank 0 writes `state.pt` there and reads it back on `--resume` itself. First
@@ -170,7 +178,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
               "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
     through_driver = []  # the driver's own way to state.pt and back, and to the checkpoint: never taken here
-    for name in ("taken", "load"):
+    for name in ("taken", "send_state"):
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
     capsys.readouterr()
     assert main(resume) == 1
@@ -291,7 +299,7 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
         return load(self, weights, version)
 
     monkeypatch.setattr(driver.RemoteActors, "load", watched)
-    for name in ("taken", "load"):  # the driver's way to state.pt and the checkpoint, and back
+    for name in ("taken", "send_state"):  # the driver's way to state.pt and the checkpoint, and back
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0

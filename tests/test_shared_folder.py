@@ -55,12 +55,13 @@ def test_a_rank_sees_the_probe_only_with_the_drivers_token(tmp_path):
     assert LearnerRank.sees(None, str(tmp_path / "missing"), "abc") is False
 
 
-def test_fsdp_shards_saved_where_every_rank_saw_the_folder_are_refused_where_one_does_not(tmp_path):
-    """A `state.pt` naming FSDP shards (each rank wrote its own) resumed on nodes of which one does not see the run
-    folder: the driver cannot hand them out, so one line, before any rank loads anything."""
+def test_a_state_naming_fsdp_shards_this_process_does_not_see_is_one_line(tmp_path):
+    """A `state.pt` naming FSDP shards (each rank wrote its own, where every rank saw the run folder) read where the
+    shards are not (a rank given `state.pt` in pieces, `LearnerRank.load_sent`; or a run folder copied without
+    them): one line, before the learner is touched."""
     write_state(tmp_path / "state.pt", 3, {"fsdp": True, "shards": "shards-3"}, {})
-    with pytest.raises(UsageError, match=r"FSDP shards .*shards-3.* resume it on nodes that share the run's --root"):
-        read_state(tmp_path / "state.pt", RemoteLearner(None, [], "r"))
+    with pytest.raises(UsageError, match=r"names FSDP shards in .*shards-3, which this process does not see"):
+        read_state(tmp_path / "state.pt", learner=None)
     assert torch.load(tmp_path / "state.pt", weights_only=True)["next_step"] == 3  # left as it was
 
 

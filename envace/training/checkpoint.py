@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from envace.config import TrainConfig
+from envace.errors import UsageError
 from envace.store import Run
 from envace.training.distributed import Processes
 from envace.training.pool import write_seen
@@ -83,7 +84,10 @@ def read_state(path: Path, learner, device: Any = "cpu") -> tuple[int, dict]:
     and optimiser); (next GRPO step, kept versions)."""
     state = torch.load(path, weights_only=True, map_location=device)
     if "shards" in state:
-        learner.load_shards(path.with_name(state["shards"]))
+        if not (shards := path.with_name(state["shards"])).is_dir():
+            raise UsageError(f"this run's state.pt names FSDP shards in {shards}, which this process does not see: "
+                             "resume it where every learner rank sees the run folder (a --root every node mounts)")
+        learner.load_shards(shards)
     else:
         learner.load(state)
     return state["next_step"], state.get("versions", {})
@@ -148,13 +152,18 @@ def pieces(folder: Path) -> Iterator[tuple[str, bytes]]:
     try:
         for file in sorted(p for p in folder.rglob("*") if p.is_file()):
             name = str(file.relative_to(folder))
-            with file.open("rb") as f:
-                piece = f.read(PIECE)
-                yield name, piece
-                while piece := f.read(PIECE):
-                    yield name, piece
+            yield from ((name, piece) for piece in file_pieces(file))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def file_pieces(file: Path) -> Iterator[bytes]:
+    """`file` in pieces of at most `PIECE` bytes (an empty file as one empty piece)."""
+    with file.open("rb") as f:
+        piece = f.read(PIECE)
+        yield piece
+        while piece := f.read(PIECE):
+            yield piece
 
 
 def receive(sent: Iterable[tuple[str, bytes]], folder: Path) -> Path:

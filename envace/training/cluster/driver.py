@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from envace.config import TrainConfig
-from envace.errors import Stopped, UsageError
+from envace.errors import Stopped
 from envace.store import Run
 from envace.training.actor import Played
-from envace.training.checkpoint import receive, replace_folder, start_or_resume
+from envace.training.checkpoint import file_pieces, receive, replace_folder, start_or_resume
 from envace.training.cluster.placement import Placement
 from envace.training.distributed import Processes
 from envace.training.evaluate import evaluate
@@ -330,18 +330,16 @@ class RemoteLearner(BaseLearner):
         return True
 
     def load_in_place(self, path: Path) -> tuple[int, dict] | None:
-        return self._all("load_state", str(path))[0] if self.shared else None
+        """(next step, kept versions): every rank reads `state.pt` itself, from the run folder where it sees it,
+        else from the pieces this process hands it (`send_state`)."""
+        return self._all("load_state", str(path))[0] if self.shared else self.send_state(path)
 
-    def load(self, state: dict) -> None:
+    def send_state(self, path: Path) -> tuple[int, dict]:
+        """`state.pt` put into Ray's object store a piece at a time (this process never holds it whole), for each
+        rank to write on its own node and read (`LearnerRank.load_sent`)."""
         import ray
 
-        self._all("load", ray.put(state))
-
-    def load_shards(self, folder: Path) -> None:
-        """A `state.pt` naming FSDP shards (saved where every rank saw the run folder) read here, where one does
-        not: each rank must read its own pieces."""
-        raise UsageError(f"this run's state is in FSDP shards ({folder}) that every learner rank reads itself, and a "
-                         "rank here does not see the run folder: resume it on nodes that share the run's --root")
+        return self._all("load_sent", [ray.put(piece) for piece in file_pieces(path)])[0]
 
 
 def _ranks(cfg: TrainConfig, placement: Placement) -> list:

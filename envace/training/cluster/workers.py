@@ -24,7 +24,7 @@ from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import pieces, read_state, write_checkpoint, write_learner_state
+from envace.training.checkpoint import pieces, read_state, receive, write_checkpoint, write_learner_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -262,19 +262,27 @@ class LearnerRank:
         yield from pieces(Path(folder))
 
     def load_state(self, path: str) -> tuple[int, dict] | None:
-        """Every rank reads `state.pt` at `path` (`save_state`'s) and takes its share; rank 0 returns the next
+        """Every rank reads `state.pt` at `path` (`save_state`'s) onto its own device (`Learner.load`:
+        `load_state_dict` copies the weights into the parameters, `Optimizer.load_state_dict` casts each moment to
+        its parameter's device, FSDP's `set_*_state_dict` scatters them into the shards); rank 0 returns the next
         step and the kept versions, put in the object store for the driver to hand the actors."""
         import ray
 
         next_step, versions = read_state(Path(path), self.learner)
         return None if self.rank != 0 else (next_step, {v: ray.put(w) for v, w in versions.items()})
 
-    def load(self, state: dict) -> None:
-        """Take the state the driver sends (CPU tensors) onto this rank's device: `load_state_dict` copies the
-        weights into the parameters, `Optimizer.load_state_dict` casts each moment to its parameter's device
-        (its `step` counters stay where torch keeps them, on the CPU, unless the optimiser is capturable), and
-        FSDP's `set_*_state_dict` scatters them into the shards; nothing of the driver's copy is kept."""
-        self.learner.load(state)
+    def load_sent(self, sent: list) -> tuple[int, dict] | None:
+        """`state.pt` from the references to its pieces the driver put in the object store (a rank that does not see
+        the run folder, `RemoteLearner.send_state`): written in a folder of this node, read as `load_state` reads
+        it, removed."""
+        import ray
+
+        folder = Path(tempfile.mkdtemp(prefix="envace-state-"))
+        try:
+            receive((("state.pt", ray.get(ref)) for ref in sent), folder)
+            return self.load_state(str(folder / "state.pt"))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def checkpoint(self, out: str | None = None) -> str | None:
         """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them, by rank 0: written as
