@@ -750,7 +750,7 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
         # its folder (adapters, the server's log) stays, with its pid in the name, until an actor starts on the node
         [left] = Path(tempfile.gettempdir()).glob(f"envace-actor0-pid{tree[0]}-*")
         mine = Path(tempfile.mkdtemp(prefix=f"envace-actor9-pid{os.getpid()}-"))  # a live actor's
-        assert left in workers.sweep_actor_folders() and not left.exists() and mine.exists()
+        assert left in workers.sweep_folders(workers.ACTOR_FOLDER) and not left.exists() and mine.exists()
         mine.rmdir()
     assert json.loads((tmp_path / "r" / "checkpoint" / "config.json").read_text())["dtype"] == "bfloat16"
 

@@ -88,3 +88,22 @@ def test_a_folder_sent_in_pieces_arrives_whole_and_no_piece_is_larger_than_the_l
     assert {str(p.relative_to(here)): p.read_bytes() for p in here.rglob("*") if p.is_file()} == files
     assert max(sizes) == 1000 and len(sizes) == 3 + 3 + 1  # 2,304 bytes in 3 pieces, 3,000 in 3, the empty one
     assert not sent.exists()
+
+
+def test_a_state_left_on_a_node_by_a_process_that_died_goes_when_the_next_one_is_made(tmp_path, monkeypatch):
+    """Rank 0's copy of `state.pt` on its way to a driver that was killed stays in the node's temporary folder (the
+    stream never ended, so `pieces` never removed it): the next such folder made on the node removes it, and leaves
+    a live process's."""
+    import subprocess
+    import tempfile
+
+    from envace.training.cluster import workers
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f"{workers.STATE_FOLDER}-pid{gone.stdout.strip()}-abc"
+    (left / "state.pt").parent.mkdir()
+    (left / "state.pt").write_bytes(b"x")
+    live = workers.node_folder(workers.STATE_FOLDER)
+    mine = workers.node_folder(workers.STATE_FOLDER)
+    assert not left.exists() and live.exists() and mine.exists() and live.parent == tmp_path

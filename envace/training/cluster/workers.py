@@ -72,13 +72,22 @@ def _node() -> str:
 
 
 ACTOR_FOLDER = "envace-actor"  # + "<index>-pid<pid>-<random>", in the node's temporary folder
+STATE_FOLDER = "envace-state"  # + "-pid<pid>-<random>": state.pt or the checkpoint on its way to or from the driver
 
 
-def sweep_actor_folders(under: str | Path | None = None) -> list[Path]:
-    """Remove the folders of actors whose process is gone (one killed cannot remove its own: `close()` never ran);
-    each actor that starts on a node sweeps them, so a killed actor's adapters last until the next one starts."""
+def node_folder(prefix: str, tag: str = "") -> Path:
+    """A new folder `<prefix><tag>-pid<pid>-<random>` in this node's temporary folder, once the `prefix` folders of
+    processes that are gone are removed (`sweep_folders`)."""
+    sweep_folders(prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{tag}-pid{os.getpid()}-"))
+
+
+def sweep_folders(prefix: str, under: str | Path | None = None) -> list[Path]:
+    """Remove the folders named `<prefix>…-pid<pid>-…` whose process is gone: one killed cannot remove its own (an
+    actor's `close()` never ran; a rank's state was mid-way to a driver that died). Each actor that starts on a node
+    sweeps the actors' (a killed actor's adapters last until the next one starts), each state sent the states'."""
     swept = []
-    for folder in Path(under or tempfile.gettempdir()).glob(f"{ACTOR_FOLDER}*-pid*-*"):
+    for folder in Path(under or tempfile.gettempdir()).glob(f"{prefix}*-pid*-*"):
         pid = folder.name.split("-pid", 1)[1].split("-", 1)[0]
         if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
@@ -98,8 +107,7 @@ class ActorWorker:
         model, tok, benchmark, bank = policy.model, policy.tok, policy.benchmark, policy.bank
         served, self.folder = None, None
         if serves:  # the server's log and pushed adapters: this actor's own folder
-            sweep_actor_folders()
-            self.folder = Path(tempfile.mkdtemp(prefix=f"{ACTOR_FOLDER}{index}-pid{os.getpid()}-"))
+            self.folder = node_folder(ACTOR_FOLDER, str(index))
             served = ServedPolicy.start(cfg.model, "", cfg.policy.lora_rank if cfg.policy.lora else None,
                                         cfg.policy.dtype, tok, self.folder, print, devices=actor_gpus(),
                                         gpu_memory=cfg.serving.share(shares_gpu=False))  # the actor's own GPUs
@@ -247,7 +255,7 @@ class LearnerRank:
         import ray
 
         whole = path is None
-        here = tempfile.mkdtemp(prefix="envace-state-") if whole and self.rank == 0 else None
+        here = str(node_folder(STATE_FOLDER)) if whole and self.rank == 0 else None
         target = Path(path) if not whole else Path(here or ".") / "state.pt"  # a whole state: rank 0 alone writes
 
         def kept() -> dict:
@@ -277,7 +285,7 @@ class LearnerRank:
         it, removed."""
         import ray
 
-        folder = Path(tempfile.mkdtemp(prefix="envace-state-"))
+        folder = node_folder(STATE_FOLDER)
         try:
             receive((("state.pt", ray.get(ref)) for ref in sent), folder)
             return self.load_state(str(folder / "state.pt"))
@@ -299,7 +307,7 @@ class LearnerRank:
         seen = seen_groups(self.cfg, self.policy.train_tasks)
         if out is not None:
             return str(write_checkpoint(Path(out), generator, self.policy.tok, seen, self.cfg.policy.lora))
-        folder = Path(tempfile.mkdtemp(prefix="envace-checkpoint-"))
+        folder = node_folder(STATE_FOLDER)
         write_checkpoint(folder / "checkpoint", generator, self.policy.tok, seen, self.cfg.policy.lora)
         return str(folder)
 
