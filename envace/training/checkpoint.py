@@ -55,18 +55,18 @@ def write_learner_state(learner, procs: Processes, path: Path, next_step: int, k
         if procs.main:
             write_state(path, next_step, state, kept())
         return
-    shards = path.with_name(f"shards-{next_step}")
-    partial = path.with_name(f".{shards.name}.partial")
+    folder = path.with_name(f"shards-{next_step}")
+    partial = path.with_name(f".{folder.name}.partial")
     if procs.main:
         shutil.rmtree(partial, ignore_errors=True)  # what a save killed midway left
     procs.wait()
     learner.save_shards(partial)
     if procs.main:
-        shutil.rmtree(shards, ignore_errors=True)
-        os.replace(partial, shards)
-        write_state(path, next_step, {"fsdp": True, "shards": shards.name}, kept())
+        shutil.rmtree(folder, ignore_errors=True)  # one a save killed before `state.pt` named it left
+        os.replace(partial, folder)
+        write_state(path, next_step, {"fsdp": True, "shards": folder.name}, kept())
         for earlier in path.parent.glob("shards-*"):
-            if earlier != shards:
+            if earlier != folder:
                 shutil.rmtree(earlier)
     procs.wait()
 

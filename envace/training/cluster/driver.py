@@ -294,8 +294,12 @@ class RemoteLearner(BaseLearner):
 
         here = beside.with_name(f".{beside.name}.{os.getpid()}.taken")
         shutil.rmtree(here, ignore_errors=True)
-        with self._stops(0, "send"):
-            return receive((ray.get(ref) for ref in self.handles[0].send.remote(folder)), here)
+        try:
+            with self._stops(0, "send"):
+                return receive((ray.get(ref) for ref in self.handles[0].send.remote(folder)), here)
+        except BaseException:  # rank 0 died mid-way: nothing half-sent is left beside the run's files
+            shutil.rmtree(here, ignore_errors=True)
+            raise
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
         order = list(dict.fromkeys(r.task_uid for r in rows))  # tasks in the order they were played
