@@ -178,7 +178,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
               "--set", "grpo.steps=3", *STALE, *TWO_NODES]
     monkeypatch.setattr(driver.RemoteLearner, "update", update_with_rank_one_killed)
     through_driver = []  # the driver's own way to state.pt and back, and to the checkpoint: never taken here
-    for name in ("taken", "send_state"):
+    for name in ("take", "send_state"):
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
     capsys.readouterr()
     assert main(resume) == 1
@@ -299,7 +299,7 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
         return load(self, weights, version)
 
     monkeypatch.setattr(driver.RemoteActors, "load", watched)
-    for name in ("taken", "send_state"):  # the driver's way to state.pt and the checkpoint, and back
+    for name in ("take", "send_state"):  # the driver's way to state.pt and the checkpoint, and back
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]
     assert _train(address, runs, "ray-sync", 2, *sync) == 0

@@ -245,7 +245,7 @@ class RemoteLearner(BaseLearner):
         """Whether every rank reads a file this process has just written in `folder` (a probe, removed after):
         then rank 0 writes `state.pt` and the checkpoint there itself, every rank reads `state.pt` back on
         `--resume`, and neither passes through the driver's memory; else (a rank's node without the driver's
-        disk) rank 0 writes both on its own node and sends them here in pieces (`taken`)."""
+        disk) rank 0 writes both on its own node and sends them here in pieces (`take`)."""
         token = secrets.token_hex(8)
         probe = folder / f".probe-{token}"
         probe.write_text(token)
@@ -286,20 +286,20 @@ class RemoteLearner(BaseLearner):
             raise Stopped(f"ray: learner rank {rank} {why} in `{what}`; the run stops, every step it saved is "
                           f"kept: add `--resume {self.run_id}` to the same command to go on") from exc
 
-    def taken(self, folder: str, beside: Path) -> Path:
-        """Rank 0's `folder` (on its node: `LearnerRank.save_state`'s or `checkpoint`'s), written here as a folder
-        beside `beside` as its pieces arrive (`LearnerRank.send`): this process holds one piece at a time, never
-        a whole state or checkpoint. The caller moves what it needs out and removes the folder."""
+    def take(self, folder: str, entry: str, to: Path) -> None:
+        """`entry` of rank 0's `folder` (on its node: `LearnerRank.save_state`'s or `checkpoint`'s) as `to`, its
+        pieces written beside `to` as they arrive (`LearnerRank.send`): this process holds one piece at a time,
+        never a whole state or checkpoint, and nothing half-sent stays beside the run's files if rank 0 dies."""
         import ray
 
-        here = beside.with_name(f".{beside.name}.{os.getpid()}.taken")
+        here = to.with_name(f".{to.name}.{os.getpid()}.taken")
         shutil.rmtree(here, ignore_errors=True)
         try:
             with self._stops(0, "send"):
-                return receive((ray.get(ref) for ref in self.handles[0].send.remote(folder)), here)
-        except BaseException:  # rank 0 died mid-way: nothing half-sent is left beside the run's files
+                receive((ray.get(ref) for ref in self.handles[0].send.remote(folder)), here)
+            (replace_folder if (here / entry).is_dir() else os.replace)(here / entry, to)
+        finally:
             shutil.rmtree(here, ignore_errors=True)
-            raise
 
     def update(self, rows: list[Row], advantages: list[float]) -> dict[str, Any]:
         order = list(dict.fromkeys(r.task_uid for r in rows))  # tasks in the order they were played
@@ -323,14 +323,12 @@ class RemoteLearner(BaseLearner):
 
     def save_in_place(self, path: Path, next_step: int, versions: dict) -> bool:
         """The ranks write `state.pt` where every rank sees the run folder (under FSDP each its own shards); else
-        rank 0 writes it whole on its own node and it comes here in pieces (`taken`). The kept versions go as
+        rank 0 writes it whole on its own node and it comes here in pieces (`take`). The kept versions go as
         references (nested in a dict, Ray passes them on unread)."""
         if self.shared:
             self._all("save_state", str(path), next_step, versions)
             return True
-        here = self.taken(self._all("save_state", None, next_step, versions)[0], path)
-        os.replace(here / "state.pt", path)
-        shutil.rmtree(here)
+        self.take(self._all("save_state", None, next_step, versions)[0], "state.pt", path)
         return True
 
     def load_in_place(self, path: Path) -> tuple[int, dict] | None:
@@ -410,9 +408,7 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         written = learner.gather([r.checkpoint.remote(str(out) if learner.shared else None) for r in ranks],
                                  "checkpoint")[0]
         if not learner.shared:  # rank 0 wrote it on its own node
-            here = learner.taken(written, out)
-            replace_folder(here / "checkpoint", out)
-            shutil.rmtree(here)
+            learner.take(written, "checkpoint", out)
         summary["checkpoint"] = str(out)
         say(f"saved {summary['checkpoint']}")
         t.recorder.close()
