@@ -141,3 +141,25 @@ def test_the_package_check_catches_what_it_is_for(tmp_path):
     assert _cycles(_package_graph(tmp_path)) == [["envace.high", "envace.low"]]
     (tmp_path / "envace/low/base.py").write_text("from envace.lone.sub import back\n")  # into `lone`, through its part
     assert _cycles(_package_graph(tmp_path)) == [["envace.glue", "envace.high", "envace.lone", "envace.low"]]
+
+
+def test_the_structure_figures_count_rooms_floors_and_cycles():
+    """`experiments/structure.py` (the numbers a review quotes) on a made-up tree: a lazy, relative import closes a
+    cycle that counts as one floor, and each room that imports it stands one floor higher."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("structure", "experiments/structure.py")
+    structure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(structure)
+    files = {
+        "envace/__init__.py": "",
+        "envace/b/__init__.py": "",
+        "envace/b/inner.py": "def f():\n    from ..c import y\n    return y\n",  # lazy and relative: still an arrow
+        "envace/c.py": "from envace.b import inner\n",
+        "envace/a.py": "import envace.b.inner\n",
+        "envace/d.py": "from envace import a\n",
+    }
+    found = structure.measure(files)
+    assert found["rooms"] == 5 and found["floors"] == 3  # {b, c} and envace on 1, a on 2, d on 3
+    assert found["cycles"] == [["envace.b", "envace.c"]]
+    assert found["longest function"] == "envace/b/inner.py:f (3 lines)"
