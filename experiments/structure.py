@@ -13,15 +13,18 @@ zero; this prints the numbers a review compares before and after a change:
 import ast
 import subprocess
 import sys
+from pathlib import Path
 
 
 def sources(rev: str | None) -> dict[str, str]:
     """Every `envace/**.py` path and its text, at `rev` or in the working tree."""
     if rev is None:
-        from pathlib import Path
         return {str(p): p.read_text() for p in Path("envace").rglob("*.py")}
-    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "envace"], capture_output=True,
-                            text=True, check=True).stdout.split()
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "envace"], capture_output=True, text=True)
+    if listed.returncode or not listed.stdout:
+        print(f"structure: no envace/ at {rev!r} in this repository", file=sys.stderr)
+        sys.exit(2)
+    listed = listed.stdout.split()
     return {p: subprocess.run(["git", "show", f"{rev}:{p}"], capture_output=True, text=True, check=True).stdout
             for p in listed if p.endswith(".py")}
 
