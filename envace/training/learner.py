@@ -65,7 +65,7 @@ class BaseLearner:
 
     def save_in_place(self, path, next_step: int, versions: dict) -> bool:
         """Whether this learner wrote `state.pt` at `path` itself; here not: `checkpoint.save_state` gathers
-        `state()` and writes it (Ray's ranks write it where they see the run folder)."""
+        `state()` and writes it (Ray's learner always writes it itself: `RemoteLearner.save_in_place`)."""
         return False
 
     def load_in_place(self, path) -> tuple[int, dict] | None:

@@ -327,8 +327,8 @@ class RemoteLearner(BaseLearner):
         references (nested in a dict, Ray passes them on unread)."""
         if self.shared:
             self._all("save_state", str(path), next_step, versions)
-            return True
-        self.take(self._all("save_state", None, next_step, versions)[0], "state.pt", path)
+        else:
+            self.take(self._all("save_state", None, next_step, versions)[0], "state.pt", path)
         return True
 
     def load_in_place(self, path: Path) -> tuple[int, dict] | None:

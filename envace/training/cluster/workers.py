@@ -255,14 +255,15 @@ class LearnerRank:
         import ray
 
         whole = path is None
-        here = str(node_folder(STATE_FOLDER)) if whole and self.rank == 0 else None
-        target = Path(path) if not whole else Path(here or ".") / "state.pt"  # a whole state: rank 0 alone writes
+        here = node_folder(STATE_FOLDER) if whole and self.rank == 0 else None
+        # a whole state is written by rank 0 alone: the other ranks only take part in gathering it
+        target = here / "state.pt" if here else Path(path or os.devnull)
 
         def kept() -> dict:
             return to_host({v: ray.get(w) if isinstance(w, ray.ObjectRef) else w for v, w in versions.items()})
 
         write_learner_state(self.learner, self.procs, target, next_step, kept, shards=self.procs.fsdp and not whole)
-        return here
+        return str(here) if here else None
 
     def send(self, folder: str):
         """The files of `folder` on this rank's node (`save_state`'s, `checkpoint`'s), streamed to the driver in
