@@ -433,9 +433,16 @@ class RayConfig(Config):
                                    "groups // (4 × actors), at least 1, and the whole step with one actor). Smaller "
                                    "chunks balance a slow actor sooner; each chunk samples from its own seeds, so "
                                    "it changes what a step plays", None)
+    in_flight: int | Literal["auto"] = doc(
+        "episodes each actor keeps in flight, over as many chunks (and steps, as grpo.max_staleness allows) as fit: "
+        "its server batches them | auto: what the actor's vLLM server holds at once (its KV capacity, read from its "
+        "log), one chunk for an in-process model (it generates one call at a time)", "auto")
 
     def validate(self) -> None:
         at_least(self, 1, "actors", "learners", "chunk_groups")
+        if self.in_flight != "auto" and (not isinstance(self.in_flight, int) or self.in_flight < 1):
+            raise UsageError(f"in_flight: episodes an actor keeps in flight, at least 1 (or auto), got "
+                             f"{self.in_flight!r}")
         at_least(self, 0, "actor_cpus", "actor_gpus", "learner_cpus", "learner_gpus", "max_restarts")
         if self.learner_gpus != int(self.learner_gpus):  # one NCCL rank per GPU; a share of one is no rank's
             raise UsageError(f"learner_gpus: a learner rank takes whole GPUs (0, 1, …), got {self.learner_gpus!r}")

@@ -129,6 +129,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("score", pa.float64()),          # memory = select: the attempt's imagined outcome in [0, 1]; NULL otherwise
         ("judgement", pa.string()),       # memory = select by judge: the rehearser's answer; NULL otherwise
     ]),
+    # One row per group of a training step that failed for good (a 4xx answer, an environment's exception): not
+    # played again, not trained on (`scheduler.Scheduler.faulted`).
+    "failures": pa.schema([
+        ("run_id", pa.string()), ("step", pa.int32()),
+        ("task_uid", pa.string()), ("chunk", pa.int32()),  # the group's task, and the chunk it was played in
+        ("error", pa.string()),           # what it raised, in one line
+    ]),
     # One row per cell of a private-rehearsal budget sweep (`envace sweep`); each cell is its own eval run.
     "sweep": pa.schema([
         ("run_id", pa.string()),          # the sweep

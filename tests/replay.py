@@ -7,13 +7,14 @@ import pytest
 
 def stored(con, run: str, step: int | None = None) -> tuple[list, list]:
     """A run's generations (what was sampled, by which version, its advantage) and metrics, wall times, clocks and
-    Ray's restarts left out."""
+    the Ray fleet's own figures (restarts, slot-time idle, in-flight target) left out."""
     only = "" if step is None else f" AND step = {step}"
     generations = con.execute("SELECT step, episode_id, role, turn, turn_step, completion_ids, policy_version, "
                               f"advantage, trained FROM generations WHERE run_id = ?{only} "
                               "ORDER BY step, episode_id, role, turn, turn_step, call_index", [run]).fetchall()
     metrics = con.execute(f"SELECT phase, step, role, name, value FROM metrics WHERE run_id = ?{only} "
-                          "AND NOT regexp_matches(name, '_(s|t)$') AND name <> 'actor_restarts' "
+                          "AND NOT regexp_matches(name, '_(s|t)$') "
+                          "AND name NOT IN ('actor_restarts', 'actor_slot_idle', 'actor_in_flight') "
                           "ORDER BY phase, step, role, name", [run]).fetchall()
     return generations, metrics
 

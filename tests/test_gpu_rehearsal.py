@@ -700,16 +700,16 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
 
     from envace.training.cluster import driver, workers
 
-    play, close, killed, tree = driver.RemoteActors.play, driver.close_workers, [], []
+    play, close, killed, tree = driver.RayWorkers.play, driver.close_workers, [], []
 
-    def play_with_server_killed(self, step, tasks):
-        if step == 1 and not killed:
+    def play_with_server_killed(self, i, work, tasks, weights):
+        if work.step == 1 and not killed:
             actor = ray.get(self.handles[0].where.remote())[1]
             server = next(p for p in descendants(actor) if b"vllm" in Path(f"/proc/{p}/cmdline").read_bytes()
                           and parent(p) == actor)
             killed.extend([server, *descendants(server)])
             threading.Timer(0.5, os.kill, (server, signal.SIGKILL)).start()
-        return play(self, step, tasks)
+        return play(self, i, work, tasks, weights)
 
     def close_with_actor_killed(actors, ranks, timeout_s=60.0):
         pid = ray.get(actors[0].where.remote())[1]
@@ -717,7 +717,7 @@ def test_the_gpu_configs_train_job_runs_under_ray_with_a_vllm_cpu_actor(qwen3_di
         threading.Timer(0.1, os.kill, (pid, signal.SIGKILL)).start()  # close() is sent, and waits on a dead actor
         close(actors, ranks, timeout_s)
 
-    monkeypatch.setattr(driver.RemoteActors, "play", play_with_server_killed)
+    monkeypatch.setattr(driver.RayWorkers, "play", play_with_server_killed)
     monkeypatch.setattr(driver, "close_workers", close_with_actor_killed)
     with loopback_cluster({"num_cpus": 1}, {"num_cpus": 1}) as (address, nodes):
         done = main(["train", "experiments/bfcl_qwen3_1.7b_gpu.toml", "--root", str(tmp_path), "--run-name", "r",

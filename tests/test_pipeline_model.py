@@ -51,12 +51,11 @@ def test_staleness_one_overlaps_generation_and_update():
     assert gen_bound.steady_s(2) == pytest.approx(3.0)
 
 
-def test_a_work_queue_beats_a_static_split_when_one_actor_is_slow():
+def test_a_slow_actor_is_given_fewer_chunks_by_the_scheduler():
     work = steps(*([[(0, 10)]] * 16), n=3, group=1)
-    base = Schedule(actors=2, slots=2, per_episode=True, speeds=(1.0, 4.0))
-    split = simulate(work, COSTS, Schedule(**{**base.__dict__, "queue": False}))
-    queue = simulate(work, COSTS, base)
-    assert queue.mean_s < split.mean_s
+    r = simulate(work, COSTS, Schedule(actors=2, slots=2, per_episode=True, speeds=(1.0, 4.0)))
+    taken = [sum(1 for _, actor, *_ in r.log if actor == i) for i in (0, 1)]
+    assert taken[0] > 2 * taken[1] >= 2 and sum(taken) == 3 * 8  # 8 chunks of 2 groups a step, each once
 
 
 @pytest.mark.parametrize("bad", [dict(decode_s=-1.0), dict(publish_s=float("nan"))])
@@ -89,3 +88,23 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     shutil.copytree(FIXTURE / "cut", store / "cut", ignore=shutil.ignore_patterns("metrics"))
     code, out, err = _cli(capsys, "bench", "pipeline", "cut", "--root", str(store))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "no GRPO steps" in err
+
+
+def test_the_model_the_ray_driver_and_the_single_process_loop_hand_out_work_with_one_scheduler():
+    """One scheduler (`envace.training.scheduler`): the pipeline model, the Ray driver and the single-process
+    overlapped loop all build it, and no other module decides what an actor plays."""
+    import ast
+    import inspect
+
+    import envace.bench.pipeline as model
+    import envace.training.cluster.driver as driver
+    import envace.training.staleness as local
+    from envace.training import scheduler
+
+    for module in (model, driver, local):
+        assert module.Scheduler is scheduler.Scheduler, module.__name__
+        calls = {n.func.id for n in ast.walk(ast.parse(inspect.getsource(module)))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert "Scheduler" in calls, module.__name__  # each builds one
+    assert "def assign" not in inspect.getsource(driver) + inspect.getsource(local)
+    assert "self.sched.assign(" in inspect.getsource(model._Sim)

@@ -1,5 +1,5 @@
 """With rollouts ahead of the update, the new weights reach the actor before the learner writes the step's rows:
-the actor plays the step they unlock while the store is written (`loop.overlapped`, `AheadPipeline.advance`)."""
+the actor plays the step they unlock while the store is written (`loop.overlapped`, `Dispatcher.advance`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from envace.config import TrainConfig
 from envace.training.actor import Played
 from envace.training.learner import BaseLearner, StepResult
 from envace.training.loop import Trainer, overlapped
+from envace.training.staleness import local_dispatcher
 
 
 class Actor:
@@ -23,6 +24,9 @@ class Actor:
     def load(self, weights, version: int) -> float:
         self.version = version
         return 0.0
+
+    def offer(self, weights, version: int) -> None:
+        pass
 
     def play(self, step: int, tasks) -> Played:
         self.began.setdefault(step, threading.Event()).set()
@@ -52,6 +56,9 @@ class Recorder:
     def say(self, text: str) -> None:
         pass
 
+    def waited(self, played, wait_s: float) -> None:
+        pass
+
 
 class Procs:
     def share(self, items):
@@ -67,6 +74,6 @@ def test_the_actor_plays_the_unlocked_step_before_the_rows_are_written(monkeypat
     actor = Actor()
     recorder = Recorder(actor, cfg.grpo.max_staleness, cfg.grpo.steps)
     trainer = Trainer(cfg, None, Procs(), Learner(), recorder, pool=["unit"])
-    overlapped(trainer, actor, 0, {})
+    overlapped(trainer, local_dispatcher(trainer, actor, 0, {0: {}}), 0)
     # steps 0 and 1 unlock steps 2 and 3: each began while its unlocking step's rows were still unwritten
     assert recorder.waited == {0: True, 1: True}

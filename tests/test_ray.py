@@ -102,16 +102,16 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
 
     address, runs = cluster
     killed: list[int] = []
-    play = driver.RemoteActors.play
+    play = driver.RayWorkers.play
 
-    def play_and_kill_actor_zero(self, step, tasks):
-        if step == 1 and not killed:  # SIGKILL actor 0 half a second into its share of step 2
+    def play_and_kill_actor_zero(self, i, work, tasks, weights):
+        if work.step == 1 and not killed:  # SIGKILL actor 0 half a second into its first chunk of step 2
             _, pid = ray.get(self.handles[0].where.remote())
             threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
             killed.append(pid)
-        return play(self, step, tasks)
+        return play(self, i, work, tasks, weights)
 
-    monkeypatch.setattr(driver.RemoteActors, "play", play_and_kill_actor_zero)
+    monkeypatch.setattr(driver.RayWorkers, "play", play_and_kill_actor_zero)
     assert _train(address, runs, "whole", 3, *TWO_NODES) == 0
     out = capsys.readouterr().out
     assert "2 actor(s) on node 0" in out and "node 1" in out.split("actor(s) on")[1].split(";")[0]  # one per node
@@ -143,7 +143,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     # the driver (its own process) gets `kill -9` while step 2's work queue is half played (actor 1 five seconds a
     # group slower): Ray ends the dead driver's actors and learner ranks, and `--resume` at once, on the same
     # cluster and under the same actor names, goes on from the state saved after step 1.
-    monkeypatch.setattr(driver.RemoteActors, "play", play)
+    monkeypatch.setattr(driver.RayWorkers, "play", play)
     shared = tmp_path / "shared"
     command = [sys.executable, "-m", "envace.cli", "train", "experiments/smoke.toml", "--root", str(shared), "--ray",
                address, "--run-name", "cut", "--set", "grpo.steps=3", *STALE, *TWO_NODES]
@@ -197,7 +197,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
     assert main(resume) == 0
     out = capsys.readouterr().out
     assert _marker(runs).exists()  # the hook did fail a play
-    assert re.search(r"failed \(UsageError: http://127.0.0.1:\d+/v1/completions did not answer within 1 s\)", out), out
+    assert re.search(r"failed \(Unavailable: http://127.0.0.1:\d+/v1/completions did not answer within 1 s\)", out), out
     assert "resuming at GRPO step" in out and "writes state.pt and the checkpoint in the run folder" in out
     assert through_driver == [], through_driver
     assert _stored_once(connect(shared), "cut", 3) == 1  # one failure, one restart: none spent on the old process
@@ -213,7 +213,7 @@ def test_two_nodes_resume_exactly_after_a_killed_actor_driver_or_learner_rank_or
 
 @pytest.mark.heavy
 def test_a_slow_actor_plays_fewer_groups_and_partial_rollouts_reach_the_actors_mid_chunk(cluster, monkeypatch):
-    """The work queue (`RemoteActors.play`): with actor 1 four seconds a group slower, actor 0 plays more of a step's
+    """The scheduler (`dispatch.Dispatcher`): with actor 1 four seconds a group slower, actor 0 plays more of a step's
     6 groups (the static split gave each 3), and the step's episodes are its tasks × G, each once, in order.
     With `grpo.partial_rollouts`, the version the first update publishes is offered to the actors while they play
     step 2 (`offer` runs beside `play`: the actors take two calls at once), and each goes on with it from its next
@@ -224,14 +224,16 @@ def test_a_slow_actor_plays_fewer_groups_and_partial_rollouts_reach_the_actors_m
 
     address, runs = cluster
     seen = []
-    play = driver.RemoteActors.play
+    take = driver.Dispatcher.take
 
-    def watched(self, step, tasks):
-        played = play(self, step, tasks)
-        seen.append((list(self.played), [t.uid for t in tasks], [ep.episode_id for ep in played.episodes]))
-        return played
+    def watched(self, step):
+        out = take(self, step)
+        handed = [actor for _, actor, kind, at, _ in self.s.log if kind == "rollout" and at == step]  # 1 group each
+        seen.append(([handed.count(i) for i in range(len(self.s.actors))], [t.uid for t in self.tasks_of(step)],
+                     [ep.episode_id for ep in out[0].episodes]))
+        return out
 
-    monkeypatch.setattr(driver.RemoteActors, "play", watched)
+    monkeypatch.setattr(driver.Dispatcher, "take", watched)
     _slow(runs).write_text("1 4")
     _hold(runs).touch()
     try:
@@ -292,13 +294,13 @@ def test_synchronous_ray_run_is_the_single_process_run(cluster, monkeypatch, tmp
 
     address, _ = cluster
     runs = tmp_path / "shared"
-    sent, load, through_driver = [], driver.RemoteActors.load, []
+    sent, ref, through_driver = [], driver.RayWorkers._ref, []
 
-    def watched(self, weights, version):  # what the driver hands the actors: a reference, never the weights
+    def watched(self, weights):  # what the driver hands the actors: a reference, never the weights
         sent.append(type(weights))
-        return load(self, weights, version)
+        return ref(self, weights)
 
-    monkeypatch.setattr(driver.RemoteActors, "load", watched)
+    monkeypatch.setattr(driver.RayWorkers, "_ref", watched)
     for name in ("take", "send_state"):  # the driver's way to state.pt and the checkpoint, and back
         monkeypatch.setattr(driver.RemoteLearner, name, lambda *a, name=name: through_driver.append(name))
     sync = ["--set", "grpo.max_staleness=0", "--set", "sft.tasks=1", "--set", "sft.epochs=1"]

@@ -1,5 +1,6 @@
-"""A pipeline model of GRPO steps: a deterministic discrete-event simulation of actors, their generation servers and
-the learner (`envace bench pipeline`; docs/benchmarks.md).
+"""A pipeline model of GRPO steps: the training run's own scheduler (`envace.training.scheduler`) driven by a
+deterministic discrete-event simulation of actors' generation servers and the learner (`envace bench pipeline`;
+docs/benchmarks.md).
 
 A step's work is its groups of episodes; an episode is a list of requests (prompt tokens to prefill, tokens to
 generate), each followed by `tool_s` before the episode's next request. Costs:
@@ -9,17 +10,15 @@ generate), each followed by `tool_s` before the episode's next request. Costs:
     one update             = update_s + update_s_per_token × the step's generated tokens
     one publish            = publish_s (the learner is busy; the version is usable when it ends)
 
-Schedules: the actors play a group of step k once version k − staleness is published (staleness 0: the
-synchronous loop, step = generation + update + publish); the learner updates steps in order, each once all its
-groups are played and its previous update published. Lock-step: an actor plays a batch of groups (one step's) in
-rounds, every episode waiting for the slowest one's answer before any sends its next request. Per-episode: an
-episode sends its next request as soon as its answer is in, and the server batches whatever is waiting; an actor
-takes a group whenever it has room, across steps when the staleness allows. Work queue: actors pull groups from
-one queue; static split: actor i plays groups i, i + n, … of each step (`tasks[i::n]`).
+What each actor plays and when is not modelled here: `Scheduler.assign` decides it, exactly as in `envace train`
+under Ray (chunks of every step the staleness bound opens, up to `slots` episodes in flight per actor, one version
+per actor at a time, the learner taking steps in order). Only the episode loop is the model's: lock-step (a chunk's
+episodes advance in rounds, each waiting for the slowest answer, as the engine plays a batch) or per-episode (an
+episode sends its next request as soon as its answer is in; the server batches whatever is waiting).
 
-Outputs per run of the model: step times (version k+1 published − version k published), the idle share of
-episode slots (1 − episode-seconds ÷ slot-seconds while an actor has work in flight), actor utilisation (server
-busy ÷ wall) and learner utilisation (update + publish ÷ wall).
+Outputs per run of the model: step times (version k+1 published − version k published), slot-time idle
+(`Scheduler.idle`: slots offered but empty, a finished episode's slot idle until refilled), actor utilisation
+(server busy ÷ wall) and learner utilisation (update + publish ÷ wall).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from itertools import count
 
 from envace.errors import UsageError
+from envace.training.scheduler import ROLLOUT, Scheduler, Work
 
 Episode = tuple[tuple[int, int], ...]  # (prompt tokens prefilled, tokens generated) per request
 Step = list[list[Episode]]  # groups of episodes
@@ -58,15 +58,15 @@ class Schedule:
     staleness: int = 0
     per_episode: bool = False
     actors: int = 1
-    queue: bool = True  # one work queue across actors (else the static split)
-    slots: int | None = None  # concurrent episodes per actor (None: a step's share, ⌈episodes / actors⌉)
+    slots: int | None = None  # episodes in flight per actor (`ray.in_flight`; None: a step's share, ⌈episodes / n⌉)
     speeds: tuple[float, ...] = ()  # per actor: multiplier on its iteration time (1 = nominal)
+    chunk: int | None = None  # groups a chunk holds (`ray.chunk_groups`; None: `scheduler.chunk_size`'s default)
 
     def __post_init__(self) -> None:
         if not isinstance(self.staleness, int) or self.staleness < 0:
             raise UsageError(f"pipeline staleness must be a whole number >= 0, got {self.staleness!r}")
         if self.actors < 1 or (self.slots is not None and self.slots < 1):
-            raise UsageError("pipeline actors and slots must be at least 1")
+            raise UsageError("pipeline actors and slots (episodes in flight per actor) must be at least 1")
         if any(s <= 0 for s in self.speeds):
             raise UsageError("pipeline actor speeds must be > 0")
 
@@ -74,10 +74,12 @@ class Schedule:
 @dataclass
 class Result:
     step_s: list[float]  # per step: its version published − the previous one published
-    idle_share: float  # of episode slots while an actor had work in flight
+    idle_share: float  # slot-time idle over the run (`Scheduler.idle`): empty slots ÷ slots offered
     actor_util: float  # server busy time ÷ (actors × wall)
     learner_util: float  # update + publish ÷ wall
     wall_s: float
+    step_idle: list[float] = field(default_factory=list)  # slot-time idle over each step's window
+    log: list = field(default_factory=list)  # the scheduler's hand-outs: (at, actor, kind, step, chunk)
 
     @property
     def mean_s(self) -> float:
@@ -92,29 +94,30 @@ class Result:
 @dataclass(eq=False)
 class _Ep:
     requests: Episode
-    step: int
-    actor: int = -1
+    chunk: _Chunk
     index: int = 0
-    started: float = 0.0
-    ended: float = 0.0
     remaining: int = 0
+    seconds: float = 0.0
 
 
 @dataclass(eq=False)
-class _Actor:
+class _Chunk:
+    """A chunk the scheduler handed out, as the model plays it: its episodes on its actor's server."""
+    actor: int
+    work: Work
+    started: float
+    episodes: list = field(default_factory=list)
+    left: int = 0  # episodes still playing
+    outstanding: int = 0  # lock-step: answers the current round still waits for
+
+
+@dataclass(eq=False)
+class _Server:
     speed: float
-    slots: int
-    queue: list  # groups: (step, [episodes]); shared across actors with a work queue
-    free: int = 0
     waiting: list = field(default_factory=list)
     active: list = field(default_factory=list)
     running: bool = False
     busy_s: float = 0.0
-    batch: list | None = None  # lock-step: the episodes of the batch in play
-    outstanding: int = 0  # lock-step: answers the current round still waits for
-    batch_open: bool = False  # lock-step: the batch still takes groups (until its first round starts)
-    in_flight_since: float | None = None
-    slot_s: float = 0.0
 
 
 def simulate(steps: list[Step], costs: Costs, schedule: Schedule) -> Result:
@@ -125,100 +128,65 @@ def simulate(steps: list[Step], costs: Costs, schedule: Schedule) -> Result:
 
 
 class _Sim:
+    """The training run's own scheduler (`scheduler.Scheduler`) on a simulated clock: it decides every hand-out;
+    this class only plays the chunks on simulated servers and the learner's updates."""
+
     def __init__(self, steps: list[Step], costs: Costs, schedule: Schedule) -> None:
-        self.costs, self.s = costs, schedule
+        self.costs, self.s, self.steps = costs, schedule, steps
         n = schedule.actors
         biggest = max(sum(len(g) for g in step) for step in steps)
-        slots = schedule.slots or -(-biggest // n)
+        self.group = max(len(g) for step in steps for g in step)
         speeds = list(schedule.speeds) + [1.0] * (n - len(schedule.speeds))
-        shared: list = []
-        self.actors = [_Actor(speeds[i], slots, shared if schedule.queue else []) for i in range(n)]
-        for a in self.actors:
-            a.free = slots
-        self.left, self.tokens = [], []
-        for k, step in enumerate(steps):
-            for g, group in enumerate(step):
-                eps = [_Ep(tuple(r for r in e if r[1] > 0) or ((0, 1),), k) for e in group]
-                if eps:
-                    self.actors[g % n].queue.append((k, eps))
-            self.left.append(sum(len(g) for g in step))
-            self.tokens.append(sum(t for group in step for e in group for _, t in e))
+        self.servers = [_Server(speeds[i]) for i in range(n)]
+        self.sched = Scheduler(n, schedule.staleness, 0, len(steps), lambda k: len(steps[k]), self.group,
+                               schedule.slots or -(-biggest // n), schedule.chunk)
+        self.tokens = [sum(t for group in step for e in group for _, t in e) for step in steps]
         self.events: list = []
         self.seq = count()
-        self.version, self.published = 0, [0.0]
-        self.learner_busy, self.learner_s, self.next_update = False, 0.0, 0
-        self.episode_s = 0.0
+        self.published = [0.0]
+        self.learner_busy, self.learner_s, self.next_update, self.t = False, 0.0, 0, 0.0
+        self.step_idle: list[float] = []
 
     def at(self, t: float, kind: str, what) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, what))
 
     def run(self) -> Result:
-        self.fill(0.0)
-        t = 0.0
+        self.assign(0.0)
         while self.events:
-            t, _, kind, what = heapq.heappop(self.events)
-            getattr(self, "on_" + kind)(what, t)
-        if len(self.published) != len(self.left) + 1:
-            raise UsageError("pipeline: a group can fit no actor's slots (raise slots)")
-        slot_s = sum(a.slot_s for a in self.actors)
-        busy = sum(a.busy_s for a in self.actors)
-        return Result([b - a for a, b in zip(self.published, self.published[1:], strict=False)],
-                      max(0.0, 1 - self.episode_s / slot_s) if slot_s else 0.0,
-                      busy / (len(self.actors) * t) if t else 0.0, self.learner_s / t if t else 0.0, t)
+            self.t, _, kind, what = heapq.heappop(self.events)
+            getattr(self, "on_" + kind)(what, self.t)
+        if len(self.published) != len(self.steps) + 1:
+            raise UsageError("pipeline: the schedule never finished its steps")
+        t = self.t
+        busy = sum(a.busy_s for a in self.servers)
+        windows = [b - a for a, b in zip(self.published, self.published[1:], strict=False)]
+        # the run's slot-time idle: each step's window's, weighted by its length (the windows tile the run)
+        idle = sum(i * w for i, w in zip(self.step_idle, windows, strict=True)) / t if t else 0.0
+        return Result(windows, idle, busy / (len(self.servers) * t) if t else 0.0, self.learner_s / t if t else 0.0,
+                      t, self.step_idle, list(self.sched.log))
 
     # actors
-    def eligible(self, step: int) -> bool:
-        return step - self.s.staleness <= self.version
-
-    def fill(self, t: float) -> None:
-        """Every actor takes work, one group at a time in turn (a queue shared fairly by idle actors)."""
-        while any([self.take(i, t, 1) for i in range(len(self.actors))]):
-            pass
-
-    def take(self, i: int, t: float, most: int | None = None) -> bool:
-        """Actor i takes (up to `most`) groups it has room for (lock-step: a batch of one step's groups, when it
-        has none in play)."""
-        a = self.actors[i]
-        if not self.s.per_episode and a.batch is not None and not a.batch_open:
-            return False
-        taken: list[_Ep] = list(a.batch or []) if not self.s.per_episode else []
-        fresh = 0
-        while (a.queue and self.eligible(a.queue[0][0]) and len(a.queue[0][1]) <= a.free
-               and (most is None or fresh < most)):
-            if not self.s.per_episode and taken and a.queue[0][0] != taken[0].step:
-                break
-            _, eps = a.queue.pop(0)
-            a.free -= len(eps)
-            taken += eps
-            fresh += 1
-            if not self.s.per_episode:
-                a.batch, a.batch_open, a.outstanding = taken, True, len(taken)
-            if a.in_flight_since is None:
-                a.in_flight_since = t
-            for ep in eps:
-                ep.actor, ep.started = i, t
-        if fresh and self.s.per_episode:
-            for ep in taken:
-                self.submit(ep, t)
-        elif fresh:
-            self.at(t, "start", a)
-        return bool(fresh)
-
-    def on_start(self, a: _Actor, t: float) -> None:
-        """A lock-step batch starts once every group handed out at this instant has joined it."""
-        if a.batch_open:
-            a.batch_open = False
-            for ep in a.batch:
+    def assign(self, t: float) -> None:
+        for actor, work, _loads in self.sched.assign(t):
+            chunk = _Chunk(actor, work, t)
+            groups = self.steps[work.step][work.start: work.stop]
+            chunk.episodes = [_Ep(tuple(r for r in e if r[1] > 0) or ((0, 1),), chunk) for g in groups for e in g]
+            chunk.left = chunk.outstanding = len(chunk.episodes)
+            for ep in chunk.episodes:
                 self.submit(ep, t)
 
     def submit(self, ep: _Ep, t: float) -> None:
-        a = self.actors[ep.actor]
+        server = self.servers[ep.chunk.actor]
         ep.remaining = ep.requests[ep.index][1]
-        a.waiting.append(ep)
-        if not a.running:
-            self.iterate(a, t)
+        server.waiting.append(ep)
+        if not server.running:  # the next iteration admits every request that arrives at this instant
+            server.running = True
+            self.at(t, "kick", server)
 
-    def iterate(self, a: _Actor, t: float) -> None:
+    def on_kick(self, a: _Server, t: float) -> None:
+        self.iterate(a, t)
+
+    def iterate(self, a: _Server, t: float) -> None:
         prefill = sum(ep.requests[ep.index][0] for ep in a.waiting)
         a.active += a.waiting
         a.waiting = []
@@ -230,7 +198,7 @@ class _Sim:
         a.running, a.busy_s = True, a.busy_s + dur
         self.at(t + dur, "iterated", a)
 
-    def on_iterated(self, a: _Actor, t: float) -> None:
+    def on_iterated(self, a: _Server, t: float) -> None:
         still = []
         for ep in a.active:
             ep.remaining -= 1
@@ -242,57 +210,51 @@ class _Sim:
         self.iterate(a, t)
 
     def on_answered(self, ep: _Ep, t: float) -> None:
-        a = self.actors[ep.actor]
+        """An answer is in: per-episode, the episode sends its next request at once; lock-step, the chunk's round
+        waits for its slowest answer (the engine plays a chunk's episodes as one batch)."""
+        chunk = ep.chunk
         ep.index += 1
-        done = ep.index >= len(ep.requests)
-        if done:
-            ep.ended = t
-            self.episode_s += t - ep.started
+        if ep.index >= len(ep.requests):
+            ep.seconds = t - chunk.started
+            chunk.left -= 1
         if self.s.per_episode:
-            if not done:
+            if ep.index < len(ep.requests):
                 return self.submit(ep, t)
-            a.free += 1
-            self.release(a, t, [ep])
-            return self.take(ep.actor, t)
-        a.outstanding -= 1
-        if a.outstanding:
-            return None
-        going = [e for e in a.batch if e.index < len(e.requests)]
-        if going:
-            a.outstanding = len(going)
+        else:
+            chunk.outstanding -= 1
+            if chunk.outstanding:
+                return None
+            going = [e for e in chunk.episodes if e.index < len(e.requests)]
+            chunk.outstanding = len(going)
             for e in going:
                 self.submit(e, t)
-            return None
-        batch, a.batch = a.batch, None
-        a.free += len(batch)
-        self.release(a, t, batch)
-        return self.take(ep.actor, t)
-
-    def release(self, a: _Actor, t: float, eps: list[_Ep]) -> None:
-        """Episodes whose slots free: count them against their steps; an actor with none in flight stops its
-        slot clock."""
-        for ep in eps:
-            self.left[ep.step] -= 1
-        if a.free == a.slots:
-            a.slot_s += a.slots * (t - a.in_flight_since)
-            a.in_flight_since = None
-        self.learn(t)
+        if chunk.left == 0:
+            self.sched.done(chunk.actor, chunk.work, t, None, [e.seconds for e in chunk.episodes])
+            self.learn(t)
+            self.assign(t)
+        return None
 
     # the learner
     def learn(self, t: float) -> None:
         k = self.next_update
-        if self.learner_busy or k >= len(self.left) or self.left[k]:
+        if self.learner_busy or k >= len(self.steps) or not self.sched.complete(ROLLOUT, k):
             return
+        self.sched.take(ROLLOUT, k)
         c = self.costs
-        dur = c.update_s + c.update_s_per_token * self.tokens[k]
-        self.learner_busy, self.learner_s = True, self.learner_s + dur + c.publish_s
-        self.at(t + dur + c.publish_s, "published", k + 1)
+        dur = c.update_s + c.update_s_per_token * self.tokens[k] + c.publish_s
+        self.learner_busy, self.learner_s = True, self.learner_s + dur
+        if dur == 0:  # published at once, before any actor is refilled (as the driver's learner does)
+            return self.on_published(k + 1, t)
+        self.at(t + dur, "published", k + 1)
+        return None
 
     def on_published(self, version: int, t: float) -> None:
-        self.version, self.learner_busy, self.next_update = version, False, version
+        self.learner_busy, self.next_update = False, version
+        self.step_idle.append(self.sched.idle(self.published[-1], t) or 0.0)
         self.published.append(t)
-        self.fill(t)
+        self.sched.published(version)
         self.learn(t)
+        self.assign(t)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -307,6 +269,7 @@ class Measured:
     rollout_s: list[float]
     update_s: list[float]
     publish_s: list[float]
+    schedule: Schedule = field(default_factory=Schedule)  # the run's own: actors, episode loop, in flight, chunk
 
 
 def load_run(con, run_id: str) -> Measured:
@@ -318,7 +281,7 @@ def load_run(con, run_id: str) -> Measured:
     if meta is None and not _has(con, "metrics"):
         raise UsageError(f"run '{run_id}': no such run in the store")
     timing = con.execute("SELECT step, name, value FROM metrics WHERE run_id = ? AND phase = 'grpo' AND role = 'all' "
-                         "AND name IN ('step_s', 'rollout_s', 'update_s', 'sync_s', 'load_s')",
+                         "AND name IN ('step_s', 'rollout_s', 'update_s', 'sync_s', 'load_s', 'actor_in_flight')",
                          [run_id]).fetchall() if _has(con, "metrics") else []
     by_step: dict[int, dict[str, float]] = {}
     for step, name, value in timing:
@@ -343,13 +306,23 @@ def load_run(con, run_id: str) -> Measured:
     if meta and meta[1]:
         config = meta[1] if isinstance(meta[1], dict) else json.loads(meta[1])
     staleness = int((config.get("grpo") or {}).get("max_staleness", 0) or 0)
+    ray, rollout = config.get("ray") or {}, config.get("rollout") or {}
+    actors = int(ray.get("actors", 1) or 1) if ray.get("address") else 1
+    slots = [v for (_, name), v in _named(timing).items() if name == "actor_in_flight"]
+    schedule = Schedule(staleness, rollout.get("episode_loop") == "per_episode", actors,
+                        int(slots[0]) if slots else None, chunk=ray.get("chunk_groups") if actors > 1 else None)
     keep = sorted(k for k in by_step if k in episodes)
     if not keep:
         raise UsageError(f"run '{run_id}' stores no generations for its GRPO steps")
     steps = [_groups(episodes[k]) for k in keep]
     t = [by_step[k] for k in keep]
     return Measured(run_id, staleness, steps, [x["step_s"] for x in t], [x["rollout_s"] for x in t],
-                    [x.get("update_s", 0.0) for x in t], [x.get("sync_s", 0.0) + x.get("load_s", 0.0) for x in t])
+                    [x.get("update_s", 0.0) for x in t], [x.get("sync_s", 0.0) + x.get("load_s", 0.0) for x in t],
+                    schedule)
+
+
+def _named(timing: list) -> dict:
+    return {(step, name): value for step, name, value in timing}
 
 
 def _has(con, table: str) -> bool:
@@ -400,10 +373,12 @@ def fit(run: Measured) -> Costs:
 
 
 def validate(run: Measured, costs: Costs) -> dict[str, float]:
-    """The run's steps simulated under its own schedule (one actor, lock-step) against its measured mean step."""
-    result = simulate(run.steps, costs, Schedule(staleness=run.staleness))
+    """The run's steps simulated under its own schedule (its actors, episode loop, in-flight target and chunk, all
+    from its `run.json`) against its measured mean step."""
+    result = simulate(run.steps, costs, run.schedule)
     measured = sum(run.step_s) / len(run.step_s)
-    return {"run": run.run_id, "staleness": run.staleness, "steps": len(run.steps), "measured_s": measured,
+    return {"run": run.run_id, "staleness": run.staleness, "steps": len(run.steps), "actors": run.schedule.actors,
+            "loop": "per-episode" if run.schedule.per_episode else "lock-step", "measured_s": measured,
             "simulated_s": float(result.mean_s), "error": float(result.mean_s / measured - 1),
             "idle_share": float(result.idle_share)}
 
@@ -455,7 +430,7 @@ def workload(run: Measured, steps: int, groups: int, tokens: int, prompt: int, s
              for _ in range(groups)] for _ in range(steps)]
 
 
-def project(run: Measured, gpus: tuple[int, ...] = (1, 4, 8), steps: int = 8, groups: int = 32, tokens: int = 256,
+def project(run: Measured, gpus: tuple[int, ...] = (1, 4, 8, 32), steps: int = 8, groups: int = 32, tokens: int = 256,
             prompt: int = 512, seed: int = 0, tool_s: float = 0.0) -> tuple[list[dict], dict[str, dict[str, str]]]:
     """Each model × actor GPUs × rollout mode: steady step time under staleness 0, 1 and 2, with the idle share
     and utilisations of the synchronous schedule."""
@@ -466,8 +441,8 @@ def project(run: Measured, gpus: tuple[int, ...] = (1, 4, 8), steps: int = 8, gr
             costs, inputs[model] = gpu_costs(model, n, tool_s)
             for per_episode in (False, True):
                 slots = min(CONCURRENCY, -(-sum(len(g) for g in work[0]) // n))
-                base = Schedule(per_episode=per_episode, actors=n, queue=per_episode, slots=slots)
-                out = {"model": model, "gpus": n, "mode": "per-episode, queue" if per_episode else "lock-step, split"}
+                base = Schedule(per_episode=per_episode, actors=n, slots=slots)
+                out = {"model": model, "gpus": n, "mode": "per-episode" if per_episode else "lock-step"}
                 for k in (0, 1, 2):
                     r = simulate(work, costs, replace(base, staleness=k))
                     out[f"s{k}"] = r.steady_s(k + 1)

@@ -159,7 +159,7 @@ def _pipeline(benches) -> None:
                    "episode's next request (default: fitted; 0 in the projection)")
     p.add_argument("--publish-s", type=_seconds("--publish-s"), default=None, help="seconds per published "
                    "version (default: the run's measured sync_s + load_s)")
-    p.add_argument("--project", action="store_true", help="also project Qwen3-1.7B and Qwen3-8B on 1, 4 and 8 "
+    p.add_argument("--project", action="store_true", help="also project Qwen3-1.7B and Qwen3-8B on 1, 4, 8 and 32 "
                    "actor GPUs from published throughputs (a projection, not a measurement)")
     p.add_argument("--steps", type=positive("--steps"), default=8, help="steps per projected run (default: 8)")
     p.add_argument("--groups", type=positive("--groups"), default=32, help="groups per projected step, drawn "

@@ -141,6 +141,18 @@ class Refused(UsageError):
         return type(self), (str(self), self.code)
 
 
+class Unavailable(UsageError):
+    """A server that did not answer in time or could not be reached: the serving failed, not the request."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same request could succeed on a fresh server: it was unreachable, timed out, or failed while
+    serving (5xx). A 4xx (the request itself is wrong) and whatever an environment or the engine raised are not:
+    playing them again fails again."""
+    return isinstance(exc, Unavailable | ConnectionError | TimeoutError) or \
+        (isinstance(exc, Refused) and exc.code >= 500)
+
+
 def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600.0) -> Any:
     """GET (no body) or POST JSON; the decoded JSON answer, or a UsageError naming the server and what failed."""
     data = None if body is None else json.dumps(body).encode()
@@ -154,9 +166,9 @@ def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600
             raise Refused(f"{url} failed while serving (answered {exc.code}): {detail}", exc.code) from None
         raise Refused(f"{url} answered {exc.code}: {detail}", exc.code) from None
     except TimeoutError:  # connected, but no answer in time: a server stuck serving (or one that hangs)
-        raise UsageError(f"{url} did not answer within {timeout_s:g} s") from None
+        raise Unavailable(f"{url} did not answer within {timeout_s:g} s") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise UsageError(f"{url} is not reachable ({getattr(exc, 'reason', exc)})") from None
+        raise Unavailable(f"{url} is not reachable ({getattr(exc, 'reason', exc)})") from None
     try:
         return json.loads(text) if text.strip() else None
     except ValueError:

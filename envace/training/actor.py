@@ -51,10 +51,18 @@ class Played:
     started: float = 0.0  # when the actor began this step (time.time(): the run's timeline)
     restarts: int = 0  # Ray actors restarted during this step (their chunks went back to the queue)
     actor_seconds: list[float] = field(default_factory=list)  # each Ray actor's busy time on this step
+    load_s: float = 0.0  # seconds its actor spent taking the sampling version in before playing
+    failed: list[dict[str, Any]] = field(default_factory=list)  # groups that failed for good: task, chunk, error
+    slot_idle: float | None = None  # slot-time idle of the actors over this step's window (`scheduler.idle`)
+    in_flight: int | None = None  # the episodes each actor was let keep in flight (`ray.in_flight`, resolved)
 
     def spans(self) -> dict[str, float]:
         """The step's rollout as the app's timeline stores it (with Ray, each actor's share and its restarts)."""
         out = {"rollout_s": self.seconds, "policy_version": self.version, "rollout_start_t": self.started}
+        if self.slot_idle is not None:
+            out.update(actor_slot_idle=self.slot_idle, actor_in_flight=self.in_flight)
+        if self.failed:
+            out["failed_groups"] = float(len(self.failed))
         if self.actor_seconds:
             out.update(actor_restarts=self.restarts,
                        **{record.actor_metric(i): s for i, s in enumerate(self.actor_seconds)})
@@ -117,12 +125,16 @@ class RolloutActor:
         self.version = version
         return time.perf_counter() - started
 
-    def play(self, step: int, tasks: list) -> Played:
-        """Step `step`'s episodes (G per task), scored, rewards shared, each generation stamped with the version."""
+    def play(self, step: int, tasks: list, stream: int | None = None, clear: bool = True) -> Played:
+        """Step `step`'s episodes (G per task), scored, rewards shared, each generation stamped with the version.
+        `stream`: the seeds' index (`rollout_at(step, stream)`; this process's rank unless a chunk names its own).
+        `clear`: drop the backend's caches first (they belong to the weights before the last update); an actor
+        playing several chunks at once clears them when it loads a version instead (`ActorWorker.load`)."""
         cfg, started, clock, version = self.cfg, time.perf_counter(), time.time(), self.version
         self.generator.eval()
-        self.backend.clear_caches()  # cached keys and values belong to the weights before the last update
-        rollout = cfg.rollout_at(step, self.rank)
+        if clear:
+            self.backend.clear_caches()
+        rollout = cfg.rollout_at(step, self.rank if stream is None else stream)
         backend = self.backend
         if cfg.grpo.partial_rollouts:
             backend = PartialBackend(backend, self.offers, self._take, lambda: self.version)

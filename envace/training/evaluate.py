@@ -30,7 +30,11 @@ def evaluate(actor, recorder, updates: int, weights: dict | None = None) -> None
     `weights` first, when they are not its own), scored and recorded (`recorder.Recorder.evaluation`)."""
     if weights is not None:
         actor.load(weights, updates)
-    episodes, rows = actor.evaluate(updates)
+    recorded(updates, recorder, *actor.evaluate(updates))
+
+
+def recorded(updates: int, recorder, episodes: list[Episode], rows: list[dict[str, Any]]) -> None:
+    """The evaluation after `updates` updates, played (`episodes`, `rows`), stored, scored and recorded."""
     recorder.evaluation(updates, scores(recorder.run, recorder.procs, updates, episodes, rows))
 
 

@@ -34,7 +34,7 @@ from envace.training.pool import grpo_pool, seen_groups
 from envace.training.recorder import Recorder
 from envace.training.setup import build_policy, processes, publisher, start_servers, step_tasks
 from envace.training.sft import eta, sft_place, warm_up
-from envace.training.staleness import AheadPipeline
+from envace.training.staleness import local_dispatcher
 
 
 @dataclass
@@ -76,7 +76,8 @@ def train(cfg: TrainConfig, run: Run, say: Callable[[str], None] = print, resume
         if cfg.eval.every and start == 0:
             evaluate(actor, t.recorder, 0)
         if cfg.grpo.max_staleness:
-            overlapped(t, actor.detached(), start, versions)
+            overlapped(t, local_dispatcher(t, actor.detached(), start, {**versions, start: t.learner.weights()}),
+                       start)
         else:
             synchronous(t, actor, start, push)
     finally:
@@ -102,27 +103,22 @@ def synchronous(t: Trainer, actor: RolloutActor, start: int, push: Callable[[], 
             save_state(t.learner, t.procs, t.run, step + 1)
 
 
-def overlapped(t: Trainer, actor, start: int, versions: dict) -> None:
-    """The learner's loop while `actor` (a detached `RolloutActor` on a thread, or Ray's actors) plays ahead: take
-    each step in order, update, publish the new version, evaluate (on the actor's thread) and save when due."""
-    cfg = t.cfg
-    pipe = AheadPipeline(actor, cfg.grpo.max_staleness, start, cfg.grpo.steps, {**versions, start: t.learner.weights()},
-                         t.tasks_of, cfg.grpo.partial_rollouts)
-    evaluations, started = [], time.perf_counter()
+def overlapped(t: Trainer, pipe, start: int) -> None:
+    """The learner's loop while `pipe` (`dispatch.Dispatcher`: one actor on a thread, or Ray's) plays ahead: take each
+    step in order, update, publish (what it unlocks starts at once), queue evaluations beside rollouts, save."""
+    cfg, evaluations, started = t.cfg, [], time.perf_counter()
     try:
         for step in range(start, cfg.grpo.steps):
-            pipe.fill(step)  # the learner holds version `step`
             played, wait_s, load_s = pipe.take(step)
             learn(t, played, push=lambda v=step + 1: pipe.advance(v, t.learner.weights()),
                   timings={"wait_s": wait_s, "load_s": load_s}, since=started)
-            started, weights = time.perf_counter(), pipe.versions[step + 1]
-            t.recorder.say(f"  learner waited {wait_s:.1f} s for step {step + 1}")
+            started = time.perf_counter()
+            t.recorder.waited(played, wait_s)
             if due(cfg, step + 1, cfg.eval.every):
-                evaluations.append(pipe.submit(lambda v=step + 1, w=weights: evaluate(actor, t.recorder, v, w)))
+                evaluations.append(pipe.evaluate(step + 1, t.recorder, cfg.eval.limit))
             if due(cfg, step + 1, cfg.grpo.save_every):
                 save_state(t.learner, t.procs, t.run, step + 1, pipe.kept(step + 1))
-        for done in evaluations:
-            done.result()
+        pipe.finish(evaluations)
     finally:
         pipe.close()
 
@@ -135,6 +131,10 @@ def learn(t: Trainer, played: Played, push: Callable[[], float | None] | None = 
     if played.step - played.version > t.cfg.grpo.max_staleness:
         t.recorder.dropped(played.step, played.version)
         return None if push is None else push()  # the version number moves on all the same
+    if played.failed:
+        t.recorder.failed(played)
+        if not played.episodes:  # every group of the step failed for good: nothing to update on
+            return None if push is None else push()
     started, clock = time.perf_counter(), time.time()
     result = t.learner.step(played)
     stats, update_s = result.stats, time.perf_counter() - started

@@ -1,6 +1,6 @@
 """Partial rollouts (`grpo.partial_rollouts`): a step in flight takes each newer policy version between two calls.
 
-    the actor plays step b from version v = max(0, b − k)        (`staleness.AheadPipeline`)
+    the actor plays step b from version v = max(0, b − k)        (`scheduler.Scheduler`)
     the learner publishes v + 1 while b is in flight             → offered to the actor (`Offers.offer`)
     the next backend call of any of b's episodes waits for the calls in flight, loads v + 1, and goes on
     each generation is stamped with the version that sampled it: b − version ≤ k holds for every one

@@ -85,6 +85,23 @@ class Recorder:
         """One SFT step's metrics (process 0 calls it)."""
         self.metrics(step, "sft", {"all": values}, f"sft-{step:05d}")
 
+    def waited(self, played, wait_s: float) -> None:
+        """How long the learner waited for a step played ahead, and how empty the actors' slots were meanwhile."""
+        self.say(f"  learner waited {wait_s:.1f} s for step {played.step + 1}"
+                 + ("" if played.slot_idle is None else f"; actors' slots idle {played.slot_idle:.0%}"))
+
+    def failed(self, played) -> None:
+        """Groups of a step that failed for good (`Played.failed`): one row each in `failures`, and a line."""
+        self.say(f"GRPO step {played.step + 1}: {len(played.failed)} group(s) failed and are left out of the update "
+                 f"(first: {played.failed[0]['task']}: {played.failed[0]['error']})")
+        if self.procs.main:
+            self.run.write("failures", f"step-{played.step:05d}",
+                           [{"run_id": self.run.run_id, "step": played.step, "task_uid": f["task"],
+                             "chunk": f["chunk"], "error": f["error"]} for f in played.failed])
+            if not played.episodes:
+                self.metrics(played.step, "grpo", {"all": {"failed_groups": float(len(played.failed))}},
+                             f"step-{played.step:05d}")
+
     def dropped(self, step: int, version: int) -> None:
         """A step sampled more than `grpo.max_staleness` versions ago: counted, never trained on."""
         self.say(f"GRPO step {step + 1}: sampled by policy version {version}, {step - version} behind: dropped")

@@ -12,88 +12,89 @@ dropped and counted, which this schedule never produces), and the update correct
 importance sampling against the stored behaviour log-probs: w = min(π_θ / π_behaviour, cap) per token
 (`grpo.importance_cap`). The schedule is fixed by (seed, step, k) alone, so a run is reproducible and
 `--resume` exact: `state.pt` keeps the versions the next steps are sampled with. `k = 0` is the synchronous
-loop of `loop.py` (`synchronous`: no thread, no copy), not this class.
+loop of `loop.py` (`synchronous`: no thread, no copy) in one process; under Ray it is this schedule at k = 0.
 
-Why one actor thread and not a pool: the engine already batches every episode of a step into one backend
-call per role; the overlap that matters is rollout against update. A step still waits for its slowest
-episode (episodes kept in flight across steps are not built yet). With `grpo.partial_rollouts` each version
-published is also offered to the actor at once, and the step in flight takes it between two backend calls
-(`partial.py`): its tail is sampled by a fresher version, and that run no longer replays exactly.
+Which step the actor plays next is the one scheduler's decision (`scheduler.Scheduler`, the same the Ray driver and
+the pipeline model run), here over one actor on a thread of its own (`LocalWorkers`) whose chunk is a whole step:
+the engine already batches every episode of a step into one backend call per role, so the overlap that matters is
+rollout against update. With `grpo.partial_rollouts` each version published is also offered to the actor at once,
+and the step in flight takes it between two backend calls (`partial.py`): its tail is sampled by a fresher
+version, and that run no longer replays exactly.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
 
-import torch
-
-from envace.errors import UsageError
 from envace.training.actor import Played, RolloutActor
+from envace.training.dispatch import Dispatcher
+from envace.training.scheduler import Scheduler, Work
 
 
-class AheadPipeline:
-    """Runs `actor` up to `k` steps ahead of the learner (module docstring); `tasks_of(step)` is a step's tasks.
+class LocalWorkers:
+    """One `RolloutActor` on a thread of its own as `dispatch.Workers`: a call is a future; what it raises stops the
+    run (there is no process to restart)."""
 
-    `versions` holds the published weights the coming steps are sampled with ({version: trainable weights});
-    the learner `publish`es each new one and `take`s each step in order."""
+    def __init__(self, actor: RolloutActor) -> None:
+        self.actor = actor
+        self.handles = [actor]
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="envace-actor")
 
-    def __init__(self, actor: RolloutActor, k: int, start: int, end: int, versions: dict[int, dict[str, torch.Tensor]],
-                 tasks_of: Callable[[int], list], partial: bool = False) -> None:
-        self.actor, self.k, self.end, self.tasks_of, self.partial = actor, k, end, tasks_of, partial
-        self.versions = dict(versions)
-        self.next = start  # the next step to hand the actor
-        self.pending: dict[int, Future] = {}
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="envace-actor")
+    def _taken(self, work: Work, weights) -> float:
+        return 0.0 if weights is None or self.actor.holds(work.version) else self.actor.load(weights, work.version)
 
-    def sampling_version(self, step: int) -> int:
-        return max(0, step - self.k)
+    def play(self, i: int, work: Work, tasks: list, weights) -> Future:
+        def run() -> Played:
+            load_s = self._taken(work, weights)
+            played = self.actor.play(work.step, tasks)
+            played.load_s = load_s
+            return played
+        return self.pool.submit(run)
 
-    def fill(self, learner_version: int) -> None:
-        """Hand the actor every step whose sampling version the learner has published (b − k ≤ its version)."""
-        while self.next < self.end and self.sampling_version(self.next) <= learner_version:
-            step, version = self.next, self.sampling_version(self.next)
-            if version not in self.versions:
-                raise UsageError(f"grpo.max_staleness: step {step + 1} is sampled by policy version {version}, which "
-                                 f"this run did not keep (resume with the grpo.max_staleness it was saved with)")
-            self.pending[step] = self.executor.submit(self._play, step, version, self.versions[version])
-            self.next += 1
+    def evaluate(self, i: int, work: Work, weights) -> Future:
+        def run():
+            if weights is not None and self.actor.version != work.version:
+                self.actor.load(weights, work.version)
+            return self.actor.evaluate(work.step)
+        return self.pool.submit(run)
 
-    def _play(self, step: int, version: int, weights: dict[str, torch.Tensor]) -> tuple[Played, float]:
-        load_s = 0.0 if self.actor.holds(version) else self.actor.load(weights, version)
-        return self.actor.play(step, self.tasks_of(step)), load_s
+    def wait(self, handles: list, timeout: float) -> list:
+        done, _ = wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)
+        return [h for h in handles if h in done]
 
-    def take(self, step: int) -> tuple[Played, float, float]:
-        """Step `step`'s episodes, the seconds the learner waited for them, and the actor's weight-load seconds."""
-        started = time.perf_counter()
-        played, load_s = self.pending.pop(step).result()
-        return played, time.perf_counter() - started, load_s
+    def outcome(self, handle: Future) -> tuple[Any, str | None, str]:
+        exc = handle.exception()
+        return (exc, "fatal", str(exc)) if exc is not None else (handle.result(), None, "")
 
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """The learner's new version; versions no coming step is sampled with are let go."""
-        self.versions[version] = weights
-        for old in [v for v in self.versions if v < self.sampling_version(version)]:
-            del self.versions[old]
+    def restart(self, i: int, raised: bool) -> None:
+        raise AssertionError("a local actor is never lost: what it raises stops the run")
 
-    def advance(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Publish the learner's new version and hand the actor the steps it unlocks, at once (before the learner
-        writes the step's rows: the actor plays while the store is written); under partial rollouts, offer it to
-        the step in flight too."""
-        self.publish(version, weights)
-        if self.partial:
-            self.actor.offer(weights, version)
-        self.fill(version)
+    def probe(self, i: int) -> None:
+        return None
 
-    def kept(self, next_step: int) -> dict[int, dict[str, torch.Tensor]]:
-        """The versions a run resumed at `next_step` samples with, other than its own weights (for `state.pt`)."""
-        return {v: w for v, w in self.versions.items() if self.sampling_version(next_step) <= v < next_step}
+    def answered(self, i: int, handle) -> str:
+        return "gone"
 
-    def submit(self, job: Callable[[], object]) -> Future:
-        """Run `job` on the actor's thread after the steps already handed to it (an evaluation of a version)."""
-        return self.executor.submit(job)
+    def retire(self, i: int) -> None:
+        pass
+
+    def offer(self, weights, version: int) -> None:
+        self.actor.offer(weights, version)
+
+    def seconds(self, result) -> list[float]:
+        return [ep.wall_s for ep in result.episodes] if isinstance(result, Played) else []
 
     def close(self) -> None:
-        for future in self.pending.values():
-            future.cancel()
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def local_dispatcher(t, actor: RolloutActor, start: int, versions: dict, **options) -> Dispatcher:
+    """Steps [start, grpo.steps) played ahead by `actor` (a detached `RolloutActor`), one whole step a chunk; its
+    in-flight target a step's episodes, so one step is in flight at a time."""
+    cfg, workers = t.cfg, LocalWorkers(actor)
+    episodes = max(1, len(t.tasks_of(start)) * cfg.rollout.group_size) if start < cfg.grpo.steps else 1
+    s = Scheduler(1, cfg.grpo.max_staleness, start, cfg.grpo.steps, lambda step: len(t.tasks_of(step)),
+                  cfg.rollout.group_size, episodes)
+    return Dispatcher(workers, s, t.tasks_of, versions, t.recorder.say, cfg.grpo.partial_rollouts, lanes=False,
+                      **options)

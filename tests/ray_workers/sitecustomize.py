@@ -69,7 +69,7 @@ def play_fails_once(marker: str):
     def patch(module) -> None:
         original = module.RolloutActor.play
 
-        def play(self, step, tasks):
+        def play(self, step, tasks, *args, **kwargs):
             if step == 1:
                 try:
                     os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -85,7 +85,7 @@ def play_fails_once(marker: str):
                         silent.listen(1)
                         request(f"http://127.0.0.1:{silent.getsockname()[1]}/v1/completions", {"prompt": "x"},
                                 timeout_s=1.0)
-            return original(self, step, tasks)
+            return original(self, step, tasks, *args, **kwargs)
 
         module.RolloutActor.play = play
 
@@ -98,14 +98,14 @@ def slow_actor(marker: str):
     def patch(module) -> None:
         original = module.ActorWorker.play
 
-        def play(self, step, tasks, version, chunk=0):
+        def play(self, step, tasks, version, chunk=0, weights=None):
             try:
                 index, seconds = open(marker).read().split()
             except FileNotFoundError:
                 index, seconds = -1, 0
             if int(index) == self.index:
                 time.sleep(float(seconds) * len(tasks))
-            return original(self, step, tasks, version, chunk)
+            return original(self, step, tasks, version, chunk, weights)
 
         module.ActorWorker.play = play
 
@@ -121,9 +121,9 @@ def hold_for_offer(marker: str):
 
         playing, play, generate = threading.local(), module.RolloutActor.play, module.PartialBackend.generate
 
-        def play_step(self, step, tasks):
+        def play_step(self, step, tasks, *args, **kwargs):
             playing.actor, playing.step, playing.calls = self, step, 0
-            return play(self, step, tasks)
+            return play(self, step, tasks, *args, **kwargs)
 
         def generate_then_wait(self, prompts, params):
             out = generate(self, prompts, params)

@@ -1,20 +1,20 @@
 """`envace train` under `[train.ray]`: the driver's side of the actors and the learner ranks.
 
-The loop is `loop.overlapped`, the same one a single process runs with `grpo.max_staleness ≥ 1`; here its
-actor is `RemoteActors` and its learner `RemoteLearner` (every rank updates on its share of the groups; the
-gradients are summed in their torch.distributed group). With `grpo.max_staleness = 0` the pipeline hands step k
-to the actors only once version k is published: the synchronous algorithm.
+The loop is `loop.overlapped`, the same one a single process runs; here its rollouts are `dispatch.Dispatcher`
+over `RayWorkers` (the actors) and its learner `RemoteLearner` (every rank updates on its share of the groups; the
+gradients are summed in their torch.distributed group). One `scheduler.Scheduler` decides what each actor plays:
+chunks of `chunk_size` groups of every step the staleness bound opens (at `grpo.max_staleness = 0`, step k only
+once version k is published: the synchronous algorithm), as many at once per actor as `ray.in_flight` episodes
+allow, with no join per chunk or step. Chunk c is sampled from the seeds of `rollout_at(step, c)` (its index, not
+its actor's), so what a step plays depends on the tasks and the number of actors alone; with one actor the step is
+one chunk, as one process plays it.
 
-A step's groups (a task's G episodes) are one work queue: cut into chunks of `chunk_size` groups, each handed to
-whichever actor is free (`ray.wait` over the calls out), so a slow actor plays fewer chunks instead of setting the
-step's time. Chunk c is sampled from the seeds of `rollout_at(step, c)` (its index, not its actor's), so what a
-step plays depends on the tasks and the number of actors alone, not on which actor took which chunk; with one
-actor the step is one chunk, as one process plays it.
-
-An actor that dies is restarted by Ray (`max_restarts`), and one whose call raised (a serving error inside it:
-its vLLM server died, timed out or answered 5xx) is killed to be restarted alike; its chunk goes back to the
-queue (to the next free actor) and the driver sends it the current version again. The store is written once a
-whole step is back, by the driver alone, so a group is stored exactly once however often its actor died or failed.
+An actor that dies, or whose server fails (5xx, a timeout), has its chunks played again by whichever actor is free
+while it restarts beside the queue (Ray restarts the process; the dispatcher probes it among the calls); its fault
+past `ray.max_restarts` drops it and the run goes on with the rest. A chunk that fails for a reason playing it
+again would not change (a 4xx, an environment's exception) is recorded on its groups (`failed_groups`) and
+restarts nobody. The store is written once a whole step is back, by the driver alone, so a group is stored exactly
+once however often its actor died or failed.
 """
 
 from __future__ import annotations
@@ -23,205 +23,137 @@ import contextlib
 import os
 import secrets
 import shutil
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from envace.config import TrainConfig
 from envace.errors import Stopped
+from envace.policy.vllm import transient
 from envace.store import Run
 from envace.training.actor import Played
 from envace.training.checkpoint import file_pieces, receive, replace_folder, start_or_resume
 from envace.training.cluster.placement import Placement
+from envace.training.dispatch import Dispatcher
 from envace.training.distributed import Processes
-from envace.training.evaluate import evaluate
 from envace.training.grpo import Row
 from envace.training.learner import ADDITIVE, BaseLearner
 from envace.training.loop import Trainer, overlapped
-from envace.training.partial import may_play
 from envace.training.recorder import Recorder
+from envace.training.scheduler import Scheduler, Work, chunk_size
 
 
-class RemoteActors:
-    """The actors as one `RolloutActor` for `AheadPipeline`: `load` a version into all, `play` a step across them."""
+class RayWorkers:
+    """Ray's rollout actors as `dispatch.Workers`: each call a Ray call, each wait `ray.wait`, a restart `ray.kill`
+    (Ray restarts the process, up to `max_restarts`) and a probe of `where` until a new process answers."""
 
-    def __init__(self, handles: list, max_restarts: int, say: Callable[[str], None], partial: bool = False,
-                 chunk: int | None = None) -> None:
-        self.handles, self.max_restarts, self.say, self.partial, self.chunk = handles, max_restarts, say, partial, chunk
-        self.version, self.published = -1, None  # (object ref of the weights, version)
-        self.restarts = 0
-        self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
-
-    def load(self, weights, version: int) -> float:
-        """Version `version` into every actor: `weights` is the reference a learner rank put in the object store
-        (`RemoteLearner.weights`), or weights the driver holds (a resumed run's older versions, from `state.pt`),
-        put there once; every actor reads the one copy."""
+    def __init__(self, handles: list) -> None:
         import ray
 
-        started = time.perf_counter()
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        self.published = (ref, version)
-        self._each(range(len(self.handles)), lambda h, i: h.load.remote(*self.published))
-        self.version = version
-        return time.perf_counter() - started
+        self.handles = handles
+        self.pids = [pid for _, pid in ray.get([h.where.remote() for h in handles])]
+        self.refused = [0] * len(handles)  # probes a dying process refused, per actor (`answered`)
+        self.played = [0] * len(handles)  # groups each actor has played and returned, over the run
+        self.groups: dict[Any, tuple[int, int]] = {}  # a play call → (actor, its groups)
+        self.refs: dict[int, Any] = {}  # id(weights) → their reference in the object store
 
-    def holds(self, version: int) -> bool:
-        """As `RolloutActor.holds`, for the version last loaded into every actor (an actor that took a newer offer
-        plays a chunk asked of an older version: `ActorWorker.play`)."""
-        return may_play(self.version, version, self.partial)
+    def _ref(self, weights) -> list:
+        """`[reference]` to `weights` (a learner rank's reference, or weights the driver holds, put once): nested, so
+        Ray hands the actor the reference and the actor reads the weights only when it loads them."""
+        import ray
+
+        if not isinstance(weights, ray.ObjectRef):
+            weights = self.refs.setdefault(id(weights), ray.put(weights))
+        return [weights]
+
+    def play(self, i: int, work: Work, tasks: list, weights) -> Any:
+        ref = self.handles[i].play.remote(work.step, tasks, work.version, work.chunk,
+                                          None if weights is None else self._ref(weights))
+        self.groups[ref] = (i, len(tasks))
+        return ref
+
+    def evaluate(self, i: int, work: Work, weights) -> Any:
+        return self.handles[i].evaluate.remote(work.step, work.version, work.chunk, work.shards,
+                                               None if weights is None else self._ref(weights))
+
+    def wait(self, handles: list, timeout: float) -> list:
+        import ray
+
+        ready, _ = ray.wait(handles, num_returns=1, timeout=timeout)
+        return ready
+
+    def outcome(self, ref) -> tuple[Any, str | None, str]:
+        result, kind, why = _outcome(ref)
+        i, groups = self.groups.pop(ref, (None, 0))
+        if kind is None and i is not None:
+            self.played[i] += groups
+        return result, kind, why
+
+    def restart(self, i: int, raised: bool) -> None:
+        """A call of actor `i` raised (its server failed): kill it for Ray to restart (a death Ray restarts alone)."""
+        import ray
+
+        self.refused[i] = 0
+        if raised:
+            ray.kill(self.handles[i], no_restart=False)
+
+    def probe(self, i: int) -> Any:
+        return self.handles[i].where.remote()
+
+    def answered(self, i: int, ref) -> str:
+        """"up" once a new process answers; "again" while Ray restarts it (or the old one is still going); "gone"
+        once it is out of Ray's restarts (the old process refusing 20 probes in a row)."""
+        import ray
+
+        try:
+            pid = ray.get(ref)[1]
+        except ray.exceptions.ActorUnavailableError:
+            return "again"
+        except ray.exceptions.RayActorError:
+            self.refused[i] += 1
+            return "gone" if self.refused[i] >= 20 else "again"
+        if pid == self.pids[i]:
+            return "again"
+        self.pids[i] = pid
+        return "up"
+
+    def retire(self, i: int) -> None:
+        import ray
+
+        ray.kill(self.handles[i], no_restart=True)
 
     def offer(self, weights, version: int) -> None:
-        """Partial rollouts: version `version` to every actor, taken between two backend calls of the chunk it is
-        playing (an actor runs `offer` beside `play`: `max_concurrency = 2`). An actor that does not answer is
-        left to the next `load`; the version the driver loads and asks chunks of stays the older one."""
-        import ray
+        """Partial rollouts: the version to every actor, taken between two backend calls of its chunks (`offer` runs
+        beside `play`); not waited on: an actor that does not take it loads it with its next version."""
+        ref = self._ref(weights)[0]
+        for h in self.handles:
+            h.offer.remote(ref, version)
 
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-        refs = [h.offer.remote(ref, version) for h in self.handles]
-        ray.wait(refs, num_returns=len(refs), timeout=60)
+    def seconds(self, result) -> list[float]:
+        return [ep.wall_s for ep in result.episodes] if isinstance(result, Played) else []
 
-    def play(self, step: int, tasks: list) -> Played:
-        """The step's groups as one work queue (module docstring): chunk c of `chunk_size` groups goes to whichever
-        actor is free and is sampled from seeds of (seed, step, c), whoever plays it; a chunk whose actor died or
-        failed goes back to the queue while that actor is restarted. The groups come back in the order of `tasks`."""
-        import ray
-
-        started, clock, restarts, n = time.perf_counter(), time.time(), self.restarts, len(self.handles)
-        size = chunk_size(len(tasks), n, self.chunk)
-        queue = deque(range(-(-len(tasks) // size)))  # chunk indices, handed out in order
-        idle, running, done = deque(range(n)), {}, {}
-        busy, failures = [0.0] * n, [0] * n
-
-        def hand_out() -> None:
-            while queue and idle:
-                i, c = idle.popleft(), queue.popleft()
-                ref = self.handles[i].play.remote(step, tasks[c * size: (c + 1) * size], self.version, c)
-                running[ref] = (i, c, time.perf_counter())
-
-        while queue or running:
-            hand_out()
-            ready, _ = ray.wait(list(running), num_returns=1)
-            i, c, at = running.pop(ready[0])
-            result, why, failed = _outcome(ready[0])
-            busy[i] += time.perf_counter() - at
-            if why is None:
-                done[c] = result
-                self.played[i] += len(tasks[c * size: (c + 1) * size])
-                idle.append(i)
-                continue
-            failures[i] += 1
-            queue.appendleft(c)  # its groups go to the next free actor
-            hand_out()
-            self._recover(i, why, failed, failures[i], "its groups go back to the queue")
-            idle.append(i)
-        parts = [done[c] for c in sorted(done)]
-        return Played(step, self.version, [ep for p in parts for ep in p.episodes],
-                      [row for p in parts for row in p.scored], parts[0].real_fraction, time.perf_counter() - started,
-                      clock, self.restarts - restarts, busy)
-
-    def evaluate(self, updates: int) -> tuple[list, list]:
-        n = len(self.handles)
-        parts = self._each(range(n), lambda h, i: h.evaluate.remote(updates, self.version, i, n))
-        return [ep for p in parts for ep in p[0]], [row for p in parts for row in p[1]]
-
-    def _each(self, indices, call: Callable[[Any, int], Any]) -> list:
-        """`call(handle, i)` on every actor in `indices` at once. An actor that died, whose call raised (a task
-        error: restarted first, `_restart`), or that came back without the published version (answered None) is
-        sent the version again and asked again."""
-        refs = {i: call(self.handles[i], i) for i in indices}
-        out = []
-        for i, ref in refs.items():
-            attempt = 0
-            while True:
-                result, why, failed = _outcome(ref)
-                if why is None:
-                    break
-                attempt += 1
-                self._recover(i, why, failed, attempt, "replaying its call")
-                ref = call(self.handles[i], i)
-            out.append(result)
-        return out
-
-    def _recover(self, i: int, why: str, failed: bool, attempt: int, then: str) -> None:
-        """Actor `i`'s `attempt`-th failure on this call or step (`why`): restarted if its call raised (`_restart`),
-        sent the published version again (`_reload`); raises past `max_restarts`."""
-        if attempt > self.max_restarts + 1:
-            raise RuntimeError(f"ray: actor {i} {why} {attempt} times; giving up (max_restarts = "
-                               f"{self.max_restarts})")
-        self.restarts += 1
-        self.say(f"  actor {i} {why}: " + ("restarting it, " if failed else "") + "sending it policy "
-                 f"version {self.published[1]} again; {then}")
-        if failed:
-            self._restart(i)
-        self._reload(i)
-
-    def _restart(self, i: int, restart_s: float = 600.0) -> None:
-        """Kill actor `i` for Ray to restart it (counted against `max_restarts`, as a death is): after a task error
-        its process may hold a dead server or half a step. Returns once a new process answers (up to `restart_s`;
-        sooner if the actor stays dead: the next attempt finds out), so no call reaches the old one."""
-        import ray
-
-        handle = self.handles[i]
-        try:
-            before = ray.get(handle.where.remote(), timeout=60)[1]
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            before = None  # already gone, or stuck
-        ray.kill(handle, no_restart=False)
-        deadline, dead = time.monotonic() + restart_s, 0
-        while time.monotonic() < deadline and dead < 20:
-            try:
-                if ray.get(handle.where.remote(), timeout=max(deadline - time.monotonic(), 1))[1] != before:
-                    return
-            except ray.exceptions.ActorUnavailableError:
-                pass  # restarting
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                dead += 1  # the old process going, or the actor out of restarts
-            time.sleep(0.5)
+    def close(self) -> None:
+        pass  # the actors go in `close_workers`, after the final checkpoint
 
 
-    def _reload(self, i: int, restart_s: float = 600.0) -> None:
-        """Send actor `i` the published version again. While Ray restarts it, a call fails at once with
-        `ActorUnavailableError`: wait for it (up to `restart_s`) instead of spending a restart on each failure."""
-        import ray
-
-        deadline = time.monotonic() + restart_s
-        while True:
-            try:
-                ray.get(self.handles[i].load.remote(*self.published))
-                return
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    return  # the next attempt finds out
-                time.sleep(0.5)
-            except ray.exceptions.RayActorError:
-                return  # died again: the next attempt finds out
-
-
-def chunk_size(groups: int, actors: int, chunk: int | None = None) -> int:
-    """Groups per pull of the work queue: `chunk` (`ray.chunk_groups`) when set; else with one actor the whole step
-    (nothing to balance; played as one process plays it), else `groups // (4 × actors)`, at least 1: about four
-    pulls per actor, so a slow actor's last pulls go to the others while each pull still batches a few groups."""
-    if chunk is not None:
-        return max(1, min(chunk, groups))
-    return groups if actors == 1 else max(1, groups // (4 * actors))
-
-
-def _outcome(ref) -> tuple[Any, str | None, bool]:
-    """(result, None, False) for a call that answered; else (None, why, whether its call raised): the actor died, its
-    call raised (a task error: the actor is restarted first), or it came back without the published version."""
+def _outcome(ref) -> tuple[Any, str | None, str]:
+    """(result, None, "") for a call that answered; else (None, kind, why): "lost" when the actor died or its server
+    failed (`vllm.transient`: the chunk is played again, the actor restarted), "fault" when its call raised anything
+    else (a 4xx, an environment's exception: playing again would fail again), "empty" when it held no version."""
     import ray
 
     try:
         result = ray.get(ref)
     except ray.exceptions.RayActorError as exc:
-        return None, f"died ({type(exc).__name__})", False
+        return None, "lost", f"died ({type(exc).__name__})"
     except (ray.exceptions.RayTaskError, ray.exceptions.UnserializableException) as exc:
-        return None, f"failed ({failure(exc)})", True
+        cause = getattr(exc, "cause", None)
+        served = transient(cause) if isinstance(cause, BaseException) else "Refused: " in failure(exc) and \
+            "failed while serving" in failure(exc)
+        return None, "lost" if served else "fault", (f"failed ({failure(exc)})" if served else failure(exc))
     if result is None:
-        return None, "came back without the policy weights", False
-    return result, None, False
+        return None, "empty", "came back without the policy weights"
+    return result, None, ""
 
 
 def failure(exc: Exception) -> str:
@@ -356,7 +288,9 @@ def _ranks(cfg: TrainConfig, placement: Placement) -> list:
 
 
 def _actors(cfg: TrainConfig, placement: Placement, run: Run) -> list:
-    """The actors, each in its bundle, named `<run>-actor-<i>` (namespace envace); `cfg` with its budgets resolved."""
+    """The actors, each in its bundle, named `<run>-actor-<i>` (namespace envace); `cfg` with its budgets resolved.
+    Each takes as many calls at once as chunks fit its in-flight target (`calls_at_once`), plus a probe and an
+    offer beside them."""
     import ray
 
     from envace.training.cluster.workers import ActorWorker
@@ -365,8 +299,36 @@ def _actors(cfg: TrainConfig, placement: Placement, run: Run) -> list:
     return [ray.remote(ActorWorker).options(num_cpus=rc.actor_cpus, num_gpus=rc.actor_gpus,
                                             max_restarts=rc.max_restarts, name=f"{run.run_id}-actor-{i}",
                                             namespace="envace", scheduling_strategy=placement.actor(i),
-                                            max_concurrency=2 if cfg.grpo.partial_rollouts else 1)
+                                            max_concurrency=calls_at_once(cfg) + 2)
             .remote(cfg, i) for i in range(rc.actors)]
+
+
+AUTO_CALLS = 64  # calls at once an actor is made for under `ray.in_flight = auto` with a server (known once it runs)
+
+
+def calls_at_once(cfg: TrainConfig) -> int:
+    """Chunks an actor may play at once: its in-flight target over a chunk's episodes (rounded up, and one more for a
+    chunk that does not fill it); one with `auto` and no server (an in-process model plays one chunk at a time)."""
+    if cfg.ray.in_flight == "auto":
+        return AUTO_CALLS if cfg.rollout.backend == "vllm" else 1
+    chunk = chunk_size(cfg.grpo.tasks_per_step, cfg.ray.actors, cfg.ray.chunk_groups) * cfg.rollout.group_size
+    return -(-cfg.ray.in_flight // chunk) + 1
+
+
+def in_flight(cfg: TrainConfig, actors: list, say: Callable[[str], None]) -> int:
+    """Episodes in flight per actor: `ray.in_flight`, or with `auto` what actor 0's vLLM server holds at once (its
+    KV capacity: `ActorWorker.capacity`), at most `AUTO_CALLS` chunks; without a server, one chunk."""
+    import ray
+
+    chunk = chunk_size(cfg.grpo.tasks_per_step, cfg.ray.actors, cfg.ray.chunk_groups) * cfg.rollout.group_size
+    if cfg.ray.in_flight != "auto":
+        return cfg.ray.in_flight
+    capacity = ray.get(actors[0].capacity.remote()) if cfg.rollout.backend == "vllm" else None
+    target = chunk if capacity is None else max(chunk, min(capacity, AUTO_CALLS * chunk))
+    say(f"ray: {target} episode(s) in flight per actor (ray.in_flight = auto: "
+        + ("one chunk: an in-process model plays one at a time)" if capacity is None else
+           f"the server holds {capacity} sequence(s) at once)"))
+    return target
 
 
 def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume: bool,
@@ -400,10 +362,11 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
             return nll
 
         start, versions, summary = start_or_resume(cfg, run, procs, learner, say, resume, lambda: "cpu", warm)
-        remote = RemoteActors(actors, cfg.ray.max_restarts, say, cfg.grpo.partial_rollouts, cfg.ray.chunk_groups)
+        pipe = dispatcher(t, RayWorkers(actors), start, {**versions, start: learner.weights()},
+                          in_flight(cfg, actors, say), say)
         if cfg.eval.every and start == 0:
-            evaluate(remote, t.recorder, 0, learner.weights())
-        overlapped(t, remote, start, versions)
+            pipe.evaluate(0, t.recorder, cfg.eval.limit)  # queued beside step 1's chunks, on version 0
+        overlapped(t, pipe, start)
         out = run.path / "checkpoint"
         written = learner.gather([r.checkpoint.remote(str(out) if learner.shared else None) for r in ranks],
                                  "checkpoint")[0]
@@ -415,6 +378,16 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
         return summary
     finally:
         close_workers(actors, ranks)
+
+
+def dispatcher(t: Trainer, workers, start: int, versions: dict, target: int, say: Callable[[str], None],
+               **options) -> Dispatcher:
+    """The run's rollouts from step `start` on: `workers` under one scheduler (module docstring)."""
+    cfg = t.cfg
+    s = Scheduler(len(workers.handles), cfg.grpo.max_staleness, start, cfg.grpo.steps,
+                  lambda step: len(t.tasks_of(step)), cfg.rollout.group_size, target, cfg.ray.chunk_groups,
+                  cfg.ray.max_restarts)
+    return Dispatcher(workers, s, t.tasks_of, versions, say, cfg.grpo.partial_rollouts, **options)
 
 
 def close_workers(actors: list, ranks: list, timeout_s: float = 60.0) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from envace.config import TrainConfig
 from envace.pids import alive
 from envace.policy.hf import HFBackend
 from envace.policy.models import put_weights
+from envace.policy.vllm import transient
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
 from envace.training.checkpoint import pieces, read_state, receive, write_checkpoint, write_learner_state
@@ -98,7 +101,9 @@ def sweep_folders(prefix: str, under: str | Path | None = None) -> list[Path]:
 class ActorWorker:
     """Rollout actor `index`: a `RolloutActor` on its own copy of the policy (and its own vLLM server with
     `rollout.backend = vllm`). It plays only with the version the driver asks for: a restarted actor holds
-    none, answers None, and the driver sends the weights again."""
+    none, answers None, and the driver sends the weights again. It plays several chunks at once (the dispatcher
+    keeps `ray.in_flight` episodes in flight: the actor is made with that many calls at a time), all of one version:
+    the scheduler sends a new one only to an actor with nothing in flight."""
 
     def __init__(self, cfg: TrainConfig, index: int) -> None:
         serves = cfg.rollout.backend == "vllm"
@@ -115,6 +120,7 @@ class ActorWorker:
         self.cfg, self.index, self.benchmark, self.bank, self.backend = cfg, index, benchmark, bank, backend
         self.actor = RolloutActor(cfg, benchmark, bank, model.eval(), backend, served, self._progress, index)
         self.actor.version = -1
+        self.loading = threading.Lock()  # the chunks started together take their version in once
 
     def _progress(self, what: str):
         return heartbeat(lambda line: print(f"actor {self.index}:{line}", flush=True), what)
@@ -126,10 +132,22 @@ class ActorWorker:
     def load(self, weights: dict[str, torch.Tensor], version: int) -> float:
         """Version `version`, sent as CPU tensors: `RolloutActor.load` copies each into its parameter (`copy_`, onto
         the generator's device), so no CPU copy outlives the call."""
-        if self.actor.version == version:  # taken already, offered mid-chunk (partial rollouts)
-            return 0.0
-        with self._closed_on_error():
-            return self.actor.load(weights, version)
+        with self.loading:
+            if self.actor.version == version:  # taken already (offered mid-chunk, or by a chunk beside this one)
+                return 0.0
+            with self._closed_on_error():
+                seconds = self.actor.load(weights, version)
+            self.backend.clear_caches()  # what it cached belongs to the weights before
+            return seconds
+
+    def capacity(self) -> int | None:
+        """Sequences this actor's vLLM server holds at once at its full context (its log's "Maximum concurrency"
+        line: KV cache blocks ÷ blocks per sequence), for `ray.in_flight = auto`; None without a server or the line."""
+        served = self.actor.served
+        log = served.servers[0].log_path if served is not None and served.servers else None
+        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+        found = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+        return int(float(found[-1][1])) if found else None
 
     def offer(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Partial rollouts: a version taken between two backend calls of the chunk in flight (this call runs beside
@@ -143,8 +161,9 @@ class ActorWorker:
         now."""
         try:
             yield
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            if transient(exc) or not isinstance(exc, Exception):  # a deterministic failure leaves the server up
+                self.close()
             raise
 
     def close(self) -> None:
@@ -154,18 +173,32 @@ class ActorWorker:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def play(self, step: int, tasks: list, version: int, chunk: int = 0) -> Played | None:
-        """Chunk `chunk` of step `step`'s work queue (`driver.RemoteActors.play`), sampled from the seeds of
-        `rollout_at(step, chunk)`: the chunk's, not this actor's, so a chunk plays the same on any actor. None when it
-        does not hold `version` (`RolloutActor.holds`)."""
-        if not self.actor.holds(version):
-            return None
-        self.actor.rank = chunk
-        with self._closed_on_error():
-            return self.actor.play(step, tasks)
+    def _holds(self, version: int, weights: list | None, exact: bool = False) -> float | None:
+        """Seconds spent taking `version` in from `weights` (`[reference]`, when the driver sends it); None when
+        this actor does not hold it and was sent nothing."""
+        import ray
 
-    def evaluate(self, updates: int, version: int, index: int, count: int):
-        if self.actor.version != version:
+        held = self.actor.version == version if exact else self.actor.holds(version)
+        if held:
+            return 0.0
+        if weights is None:
+            return None
+        return self.load(ray.get(weights[0]) if isinstance(weights[0], ray.ObjectRef) else weights[0], version)
+
+    def play(self, step: int, tasks: list, version: int, chunk: int = 0, weights: list | None = None) -> Played | None:
+        """Chunk `chunk` of step `step` (`dispatch.Dispatcher`), sampled from the seeds of `rollout_at(step, chunk)`:
+        the chunk's, not this actor's, so a chunk plays the same on any actor. `weights`: `[reference]` to version
+        `version` when the scheduler has it load that version first. None when it neither holds nor was sent it."""
+        loaded = self._holds(version, weights)
+        if loaded is None:
+            return None
+        with self._closed_on_error():
+            played = self.actor.play(step, tasks, stream=chunk, clear=False)
+        played.load_s = loaded
+        return played
+
+    def evaluate(self, updates: int, version: int, index: int, count: int, weights: list | None = None):
+        if self._holds(version, weights, exact=True) is None:
             return None
         with self._closed_on_error():
             return evaluate.play(self.cfg, self.benchmark, self.bank, self.actor.generator, self.backend, updates,
