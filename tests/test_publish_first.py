@@ -56,7 +56,7 @@ class Recorder:
     def say(self, text: str) -> None:
         pass
 
-    def waited(self, played, wait_s: float) -> None:
+    def waited_for(self, played, wait_s: float) -> None:
         pass
 
 

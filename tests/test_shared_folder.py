@@ -27,7 +27,10 @@ class Rank:
 
     def _sees(self, probe: str, token: str):
         self.probes.append(probe)
-        return self.fake.call(self, 0.1, LearnerRank.sees(None, probe + self.elsewhere, token))
+        ref = self.fake.call(0.1, LearnerRank.sees(None, probe + self.elsewhere, token),
+                             at=max(self.fake.clock, self.free))  # a rank runs its calls one at a time
+        self.free = ref.ends
+        return ref
 
 
 def _learner(monkeypatch, *sees_disk: bool) -> tuple[RemoteLearner, list[Rank]]:

@@ -113,7 +113,7 @@ def overlapped(t: Trainer, pipe, start: int) -> None:
             learn(t, played, push=lambda v=step + 1: pipe.advance(v, t.learner.weights()),
                   timings={"wait_s": wait_s, "load_s": load_s}, since=started)
             started = time.perf_counter()
-            t.recorder.waited(played, wait_s)
+            t.recorder.waited_for(played, wait_s)
             if due(cfg, step + 1, cfg.eval.every):
                 evaluations.append(pipe.evaluate(step + 1, t.recorder, cfg.eval.limit))
             if due(cfg, step + 1, cfg.grpo.save_every):

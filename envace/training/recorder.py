@@ -85,7 +85,7 @@ class Recorder:
         """One SFT step's metrics (process 0 calls it)."""
         self.metrics(step, "sft", {"all": values}, f"sft-{step:05d}")
 
-    def waited(self, played, wait_s: float) -> None:
+    def waited_for(self, played, wait_s: float) -> None:
         """How long the learner waited for a step played ahead, and how empty the actors' slots were meanwhile."""
         self.say(f"  learner waited {wait_s:.1f} s for step {played.step + 1}"
                  + ("" if played.slot_idle is None else f"; actors' slots idle {played.slot_idle:.0%}"))
