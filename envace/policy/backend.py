@@ -20,6 +20,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    # One seed per prompt: each prompt samples from a generator of its own, so its tokens do not depend on the
+    # other prompts of its batch (a backend that shares one random stream per call reads `seed` instead). Empty:
+    # the call's one `seed`. The queue in front of the in-process backend sets them (`policy.queued`).
+    seeds: tuple[int, ...] = ()
     logprobs: bool = False
     frozen: bool = False  # generate with the base weights (adapters disabled): a frozen role
     # The uid of the task each prompt belongs to. A model never reads it; a backend that replays tasks (the

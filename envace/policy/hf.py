@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import lru_cache
 
 from envace.policy.backend import Generation, SamplingParams
@@ -80,13 +81,17 @@ class HFBackend:
         return self.model.disable_adapter()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if params.seeds and len(params.seeds) != len(prompts):
+            raise ValueError(f"SamplingParams.seeds: one seed per prompt, got {len(params.seeds)} for "
+                             f"{len(prompts)} prompts")
         if self.caches is not None:
-            return [self._generate_cached(p, params) for p in prompts]
+            return [self._generate_cached(p, _row(params, i)) for i, p in enumerate(prompts)]
         lengths = [len(p) for p in prompts]
         out: list[Generation | None] = [None] * len(prompts)
         for batch in self._micro_batches(sorted(range(len(prompts)), key=lengths.__getitem__), lengths,
                                          params.max_new_tokens):
-            for i, gen in zip(batch, self._generate_padded([prompts[i] for i in batch], params), strict=True):
+            rows = replace(params, seeds=tuple(params.seeds[i] for i in batch)) if params.seeds else params
+            for i, gen in zip(batch, self._generate_padded([prompts[i] for i in batch], rows), strict=True):
                 out[i] = gen
         return [g for g in out if g is not None]
 
@@ -104,13 +109,17 @@ class HFBackend:
     def _run(self, input_ids, attention, params: SamplingParams, cache=None):
         import torch
 
-        sample = params.temperature > 0
+        # Per-prompt seeds: `RowSampler` draws each row's token from its own generator and hands `generate` a
+        # one-hot choice to take greedily; `output_logits` still returns the model's raw logits.
+        rows = RowSampler(params) if params.seeds and params.temperature > 0 else None
+        sample = params.temperature > 0 and rows is None
         with torch.inference_mode():
             return self.model.generate(
                 input_ids=input_ids, attention_mask=attention, **{cache_field(): cache},
                 max_new_tokens=params.max_new_tokens, do_sample=sample,
                 temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
                 top_k=None, eos_token_id=self.stop_ids, pad_token_id=self.tokenizer.pad_token_id,
+                logits_processor=[rows] if rows else None,
                 return_dict_in_generate=True, output_logits=params.logprobs)
 
     def _generate_cached(self, prompt: list[int], params: SamplingParams) -> Generation:
@@ -146,3 +155,36 @@ class HFBackend:
             logprobs = raw.gather(-1, torch.tensor(ids, device=raw.device).unsqueeze(-1)).squeeze(-1).tolist()
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return Generation(ids=ids, text=text, finish="length" if stop_at is None else "stop", logprobs=logprobs)
+
+
+def _row(params: SamplingParams, i: int) -> SamplingParams:
+    """Prompt i's settings when it runs alone: its own seed of `params.seeds`."""
+    return replace(params, seeds=(params.seeds[i],)) if params.seeds else params
+
+
+class RowSampler:
+    """Samples each row of a batch from its own `torch.Generator` (seeded by `SamplingParams.seeds`), at the
+    call's temperature and top-p (nucleus: the smallest set of most likely tokens whose mass reaches `top_p`), and
+    returns scores that are −inf but at the chosen token, so greedy decoding takes it. A row's tokens then depend on
+    its own logits and seed only, never on which prompts share its batch (HF's sampler draws a whole batch from one
+    stream). Rows that already stopped draw too (their tokens are discarded by `generate`)."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        import torch
+
+        self.temperature, self.top_p = params.temperature, params.top_p
+        self.generators = [torch.Generator().manual_seed(int(s) % 2**63) for s in params.seeds]
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            ranked, order = probs.sort(dim=-1, descending=True)
+            outside = ranked.cumsum(-1) - ranked >= self.top_p  # the mass before a token already reaches top-p
+            ranked = ranked.masked_fill(outside, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
+        probs = probs.cpu()
+        chosen = torch.stack([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, chosen.to(scores.device), 0.0)

@@ -2,9 +2,12 @@
 
     an episode's call joins the queue
     whoever finds the backend free takes every call waiting and runs them:
-        greedy calls with the same settings as one call (a padded batch on an accelerator; on a CPU the HF backend
-        runs its prompts one at a time, each continuing its prefix cache, as in lock-step)
-        a sampled call alone, under its own seed: an episode's tokens never depend on which calls it met
+        calls with the same settings as one call (a padded batch on an accelerator; on a CPU the HF backend
+        runs its prompts one at a time, each continuing its prefix cache, as in lock-step); a seeded sampled
+        call's prompts each carry a seed of their own (`SamplingParams.seeds`: prompt i of a call seeded s samples
+        from s · 65,537 + i, as a served backend's requests do), so the backend samples each row from its own
+        generator and an episode's tokens never depend on which calls it met
+        a sampled call without a seed alone
     each caller gets its own generations back (or the exception its call raised)
 
 While one batch generates, the episodes whose answers came back play on (tools, rehearsals, the next prompt) and
@@ -71,9 +74,12 @@ class Queued:
         prompts = [p for c in group for p in c.prompts]
         tasks = tuple(t for c in group for t in c.params.tasks) \
             if all(len(c.params.tasks) == len(c.prompts) for c in group) else ()
+        params = replace(group[0].params, tasks=tasks)
+        if params.temperature > 0 and params.seed is not None:
+            params = replace(params, seeds=tuple(s for c in group for s in seeds(c)))
         self.batches += 1
         try:
-            out = self.backend.generate(prompts, replace(group[0].params, tasks=tasks))
+            out = self.backend.generate(prompts, params)
         except Exception as exc:  # each caller of the batch raises it in its own thread
             for c in group:
                 c.error = exc
@@ -83,16 +89,23 @@ class Queued:
             c.result, start = out[start: start + len(c.prompts)], start + len(c.prompts)
 
 
+def seeds(call: _Call) -> tuple[int, ...]:
+    """A seeded sampled call's seed per prompt: its own `seeds`, else prompt i of seed s gets s · 65,537 + i."""
+    p = call.params
+    return p.seeds or tuple(p.seed * 65_537 + i for i in range(len(call.prompts)))
+
+
 def batches(calls: list[_Call]) -> list[list[_Call]]:
-    """`calls` in the order they came, greedy ones with equal settings together, each sampled one alone."""
+    """`calls` in the order they came, those with equal settings together (greedy, or sampled with a seed), each
+    sampled one without a seed alone."""
     out: list[list[_Call]] = []
     together: dict[tuple, list[_Call]] = {}
     for c in calls:
         p = c.params
-        if p.temperature > 0:
+        if p.temperature > 0 and p.seed is None:
             out.append([c])
             continue
-        key = (p.max_new_tokens, p.top_p, p.logprobs, p.frozen)
+        key = (p.max_new_tokens, p.temperature if p.temperature > 0 else 0.0, p.top_p, p.logprobs, p.frozen)
         if key not in together:
             together[key] = []
             out.append(together[key])

@@ -121,8 +121,8 @@ class RemoteBackend:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         self.calls += 1
         share = -(-len(prompts) // len(self.urls)) if prompts else 1
-        jobs = [(self.urls[i // share], p, None if params.seed is None else params.seed * 65_537 + i)
-                for i, p in enumerate(prompts)]
+        jobs = [(self.urls[i // share], p, params.seeds[i] if params.seeds else
+                 None if params.seed is None else params.seed * 65_537 + i) for i, p in enumerate(prompts)]
         return concurrently(lambda job: self._complete(job[0], job[1], params, job[2]), jobs, self.concurrency)
 
 
