@@ -422,7 +422,7 @@ class RayConfig(Config):
     learners: int = doc("learner ranks: one torch.distributed group (gloo on CPUs, NCCL on GPUs), data parallel "
                         "with distributed.shard_optimizer or distributed.fsdp as under accelerate", 1)
     learner_cpus: float = doc("CPUs per learner rank", 1.0)
-    learner_gpus: float = doc("GPUs per learner rank", 0.0)
+    learner_gpus: float = doc("GPUs per learner rank: 0 (CPU) or 1 (one NCCL rank per GPU)", 0.0)
     actor_placement: Literal["PACK", "SPREAD", "STRICT_SPREAD"] = doc(
         "how the actors' placement group spreads them over nodes: PACK (as few nodes as fit) | SPREAD (best effort "
         "one per node) | STRICT_SPREAD (one per node, or the run is refused)", "PACK")
@@ -444,8 +444,9 @@ class RayConfig(Config):
             raise UsageError(f"in_flight: episodes an actor keeps in flight, at least 1 (or auto), got "
                              f"{self.in_flight!r}")
         at_least(self, 0, "actor_cpus", "actor_gpus", "learner_cpus", "learner_gpus", "max_restarts")
-        if self.learner_gpus != int(self.learner_gpus):  # one NCCL rank per GPU; a share of one is no rank's
-            raise UsageError(f"learner_gpus: a learner rank takes whole GPUs (0, 1, …), got {self.learner_gpus!r}")
+        if self.learner_gpus not in (0, 1):  # one NCCL rank per GPU: a share is no rank's, a second GPU sits idle
+            raise UsageError(f"learner_gpus: a learner rank trains on one GPU (0 or 1; more GPUs: more ranks, "
+                             f"ray.learners), got {self.learner_gpus!r}")
         if self.placement_timeout_s <= 0:
             raise UsageError(f"placement_timeout_s: must be > 0, got {self.placement_timeout_s!r}")
 

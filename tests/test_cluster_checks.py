@@ -9,6 +9,7 @@ whose project lives elsewhere), a project root without `.venv-vllm`, and read an
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 from pathlib import Path
@@ -42,7 +43,8 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("settings, says", [
-    (["ray.learner_gpus=0.5"], "ray.learner_gpus: a learner rank takes whole GPUs"),
+    (["ray.learner_gpus=0.5"], "ray.learner_gpus: a learner rank trains on one GPU (0 or 1"),
+    (["ray.learner_gpus=2"], "ray.learner_gpus: a learner rank trains on one GPU (0 or 1"),
     (["rollout.backend=vllm", "ray.actor_gpus=1.5"], "ray.actor_gpus: an actor's vLLM server takes whole GPUs"),
 ])
 def test_gpu_shares_no_rank_or_server_can_use_are_refused_by_the_config(tmp_path, capsys, settings, says):
@@ -125,3 +127,31 @@ def test_a_model_missing_on_a_node_is_named(driver, cluster, tmp_path, capsys, m
     line = _refused(capsys, tmp_path / "runs", driver, "model=envace-test/tiny", *SPREAD)
     assert f"({cluster[1][:8]}) cannot load the model: model 'envace-test/tiny' is neither" in line
     assert line.count("cannot load the model") == 1
+
+
+@pytest.mark.parametrize("reserved, sees", [([], ""), (["3"], "3"), (["1", "5"], "1,5")])
+def test_every_worker_sees_only_the_gpus_ray_reserved_for_it(monkeypatch, reserved, sees):
+    """Ray leaves CUDA_VISIBLE_DEVICES alone for a worker granted no GPU (since 2.4x), so a CPU actor or learner
+    rank saw every GPU of its node (here the node's "0,1,2,3") and put its model on cuda:0. Both workers set it
+    from what Ray reserved before anything else runs (`workers.see_reserved_gpus`)."""
+    import ray
+
+    from envace.config import TrainConfig
+    from envace.training.cluster import workers
+
+    context = type("Context", (), {"get_accelerator_ids": lambda self: {"GPU": reserved, "TPU": []}})()
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    seen = {}
+
+    def build_policy(cfg, **_):
+        seen["actor"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(workers, "build_policy", build_policy)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(RuntimeError, match="stop here"):
+        workers.ActorWorker(TrainConfig(model="tiny"), 0)
+    assert seen["actor"] == sees
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    workers.LearnerRank(TrainConfig(model="tiny"), 0, 1)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == sees

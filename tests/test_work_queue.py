@@ -266,3 +266,18 @@ def test_a_chunk_of_no_groups_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("ray.chunk_groups: must be at least 1, got 0"), err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("sharding", ["distributed.fsdp=true", "distributed.shard_optimizer=true"])
+def test_a_staleness_the_actors_cannot_honour_is_one_line_and_exit_2(tmp_path, capsys, sharding):
+    """Without Ray the rollouts ahead of the update run on one actor thread beside one learner process: a sharded
+    learner (several processes) leaves no actor to play ahead, so staleness ≥ 1 there is refused before a run
+    folder exists."""
+    from envace.cli import main
+
+    args = ["train", "experiments/smoke.toml", "--root", str(tmp_path), "--set", "grpo.max_staleness=1",
+            "--set", "grpo.importance_cap=2.0", "--set", sharding]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grpo.max_staleness: rollouts ahead of the update run in one process" in err[0], err
+    assert not list(tmp_path.iterdir())

@@ -61,6 +61,18 @@ def host_copy(cfg: TrainConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Mo
     return model
 
 
+def see_reserved_gpus() -> str:
+    """Make this Ray worker see exactly the GPUs Ray reserved for it, none for a zero-GPU one, and return them
+    (`CUDA_VISIBLE_DEVICES`). Ray sets the variable only for a worker granted GPUs (since 2.4x it leaves it alone
+    at zero): a CPU actor or rank would otherwise see every GPU of its node, and put its model on one. Called
+    first in every worker, before anything initialises CUDA."""
+    import ray
+
+    ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+
 def actor_gpus() -> list[int] | None:
     """Every GPU Ray gave this actor (`ray.actor_gpus` of them, the only ones it sees): its server's, tensor
     parallel over all of them; None on a CPU."""
@@ -106,6 +118,7 @@ class ActorWorker:
     the scheduler sends a new one only to an actor with nothing in flight."""
 
     def __init__(self, cfg: TrainConfig, index: int) -> None:
+        see_reserved_gpus()
         serves = cfg.rollout.backend == "vllm"
         # Beside a vLLM server the model only carries the weights the server loads: host memory, not the GPU's
         policy = build_policy(cfg, threads=cfg.ray.actor_cpus, gpu=not serves)
@@ -210,6 +223,7 @@ class LearnerRank:
     group that `join` forms (rank 0's `endpoint` first)."""
 
     def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+        see_reserved_gpus()
         self.cfg, self.rank, self.world = cfg, rank, world
 
     def where(self) -> tuple[str, int]:
