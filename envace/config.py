@@ -215,9 +215,10 @@ class PrivateOptions(Config):
     def validate(self) -> None:
         at_least(self, 0, "budget", "temperature")
         at_least(self, 1, "max_steps", "memory_tokens")
-        if self.memory == "select" and self.budget == 0 and self.mode != "none":  # mode none: nothing is asked
-            raise UsageError("memory: select commits the best of the N imagined attempts, and budget 0 has none; "
-                             "set budget >= 1 (budget 0 is the plain policy)")
+        if self.memory == "select" and self.budget < 2 and self.mode != "none":  # mode none: nothing is asked
+            raise UsageError(f"memory: select commits the best of the N imagined attempts, and budget "
+                             f"{self.budget} has {'none' if self.budget == 0 else 'nothing to choose from'}; set "
+                             "budget >= 2 (budget 0 is the plain policy)")
         if self.memory == "select" and self.mode == "sequential":
             raise UsageError("memory: select scores independent attempts and writes no memory for a next round; "
                              "use mode parallel")
@@ -300,6 +301,17 @@ class RolloutConfig(Config):
                             "`K..` or `K..L`; empty = every turn", "")
     user_max_new_tokens: int = doc("simulated users: token budget of one user message", 128)
     max_user_turns: int = doc("simulated users: user messages before the episode is cut (user_turn_limit)", 10)
+
+    def temperatures(self) -> dict[str, float]:
+        """What each role samples at, unset ones resolved as the engine resolves them (a rehearser without its own
+        temperature samples at its engine's: the rollout's, and the imagined attempts' in private rehearsal).
+        Stored in every run's `run.json` (`sampling`), so a config that leaves one unset says what it used."""
+        own = self.rehearser.temperature
+        out = {"caller": self.temperature, "rehearser": self.temperature if own is None else own}
+        if self.private.active:
+            out |= {"private_attempts": self.private.temperature,
+                    "private_rehearser": self.private.temperature if own is None else own}
+        return out
 
     def validate(self) -> None:
         from envace.envs import registry

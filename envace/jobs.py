@@ -138,6 +138,7 @@ def rollout_job(cfg: RolloutConfig, root: str | Path = "runs", name: str | None 
             rehearser_backend = load(cfg.rehearser_model, f"the rehearser's model {cfg.rehearser_model}")
         measured = cfg.rehearser_model if kind == "world-model" else cfg.model  # the model the run is about
         run = Run.create(root, kind, asdict(cfg), measured, name)
+        run.update(sampling=cfg.temperatures())  # unset temperatures as resolved: what the run sampled at
         with run.running():
             summary = play(cfg, run, backend, reporter, tasks, user_backend, rehearser_backend=rehearser_backend,
                            private_hook=private_hook).as_dict()

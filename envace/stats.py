@@ -108,27 +108,53 @@ def paired_permutation(diffs: Sequence[float], clusters: Sequence[object] | None
     return float((np.sum(np.abs(signs @ sums) >= seen) + 1) / (draws + 1))
 
 
-# z_{1-α/2} + z_{power} for α = 0.05 two-sided and 80% power (normal quantiles 1.95996 and 0.84162).
-_Z_80 = 1.959964 + 0.841621
+def detectable(diffs: Sequence[float], clusters: Sequence[object] | None = None, alpha: float = 0.05,
+               power: float = 0.8, sims: int = 1000, draws: int = 1000, seed: int = 0) -> float:
+    """The minimum detectable effect of a paired mean difference: the smallest |Δ| that the test these pairs are
+    reported with (`paired_permutation`: signs flipped by cluster, two-sided, p ≤ `alpha`) finds in `power` of
+    the data sets drawn like them. The power of that test on this design, simulated, not a normal approximation
+    (which, on a few discordant pairs, claims effects no outcome could show).
 
-
-def detectable(diffs: Sequence[float], clusters: Sequence[object] | None = None) -> float:
-    """The minimum detectable effect at 80% power of a paired mean difference: the |Δ| a two-sided test at
-    α = 0.05 would find 80% of the time with these pairs, MDE = (z_0.975 + z_0.8) · SE(Δ̂).
-
-    SE is clustered as the intervals are (`clusters`: one per pair; None: each pair its own): with cluster sums
-    S_c of n_c differences and k clusters, Var(Δ̂) = k/(k−1) · Σ_c (S_c − n_c·Δ̂)² / n². It is the normal
-    approximation at the observed spread, so it says how large an effect a null rules out; NaN when it cannot
-    be told (fewer than two clusters, or no spread at all: every pair moved alike)."""
+    A data set at effect Δ: the observed clusters (one per pair, e.g. the task; None: each pair alone), each
+    keeping its observed differences and turned up or down as a whole, up with probability
+    q = ½ (1 + Δ · n / Σ_c |S_c|) (S_c a cluster's sum, n the pairs), so the expected mean difference is Δ. At
+    Δ = 0 this is the test's own null, and the largest Δ the design can show is Σ_c |S_c| / n (every cluster up).
+    Conditional on how much each cluster moved, as the test is; copies of a pair inside its cluster (seeds that
+    moved alike) add no power. Found by bisection to 1/200 of that largest Δ, with the same `sims` random draws
+    at every Δ (and `draws` sign vectors per test, or all 2^k when fewer). inf when even every cluster up is
+    found in less than `power` of draws (4 discordant pairs all one way: p = 0.125); NaN when it cannot be told
+    (fewer than two clusters, or no cluster moved)."""
     d = np.asarray(diffs, dtype=float)
-    groups = np.arange(len(d)) if clusters is None else np.unique(np.asarray(clusters, dtype=object),
-                                                                  return_inverse=True)[1].reshape(-1)
-    k = len(np.unique(groups))
-    if k < 2:
+    keys = np.arange(len(d)) if clusters is None else np.asarray([str(c) for c in clusters])
+    if len(keys) != len(d):
+        raise ValueError(f"detectable: {len(d)} differences and {len(keys)} clusters")
+    keep = ~np.isnan(d)
+    d, keys = d[keep], keys[keep]
+    _, index = np.unique(keys, return_inverse=True)
+    mass = np.abs(np.bincount(index, weights=d))
+    k, reach = len(mass), float(np.abs(np.bincount(index, weights=d)).sum() / max(len(d), 1))
+    if k < 2 or reach == 0:
         return float("nan")
-    sums, sizes = np.bincount(groups, weights=d), np.bincount(groups).astype(float)
-    se = float(np.sqrt(k / (k - 1) * np.sum((sums - sizes * d.mean()) ** 2)) / len(d))
-    return _Z_80 * se if se > 0 else float("nan")
+    rng = np.random.default_rng(seed)
+    u = rng.random((sims, k))
+    exact = 2 ** k <= draws
+    flips = 1 - 2 * ((np.arange(2 ** k)[:, None] >> np.arange(k)) & 1) if exact else \
+        rng.choice([-1.0, 1.0], (draws, k))
+
+    def found(delta: float) -> float:
+        signed = np.where(u < 0.5 * (1 + delta / reach), mass, -mass)
+        seen = np.abs(signed.sum(axis=1)) * (1 - 1e-12)
+        hits = (np.abs(signed @ flips.T) >= seen[:, None]).sum(axis=1)
+        p = hits / len(flips) if exact else (hits + 1) / (len(flips) + 1)
+        return float(np.mean(p <= alpha))
+
+    if found(reach) < power:
+        return float("inf")
+    lo, hi = 0.0, reach
+    while hi - lo > reach / 200:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if found(mid) >= power else (mid, hi)
+    return hi
 
 
 def paired_outcomes(before: Sequence[float], after: Sequence[float], clusters: Sequence[object] | None = None,
@@ -137,7 +163,7 @@ def paired_outcomes(before: Sequence[float], after: Sequence[float], clusters: S
     `after[i]`, e.g. one episode seed under two policies): the pairs, the mean of each side and Δ = after − before
     with its cluster-bootstrap 95% interval and sign-flip permutation p (`clusters`: one per pair, e.g. the turn),
     and, on "scored" (> 0), the discordant pairs `up` (0 → scored) and `down` with McNemar's exact p; `mde`, the
-    smallest |Δ| these pairs would detect at 80% power (`detectable`)."""
+    smallest |Δ| the permutation test on these pairs would find at 80% power (`detectable`; inf: none it could)."""
     x, y = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
     if x.shape != y.shape:
         raise ValueError(f"paired_outcomes: {len(x)} and {len(y)} values do not pair up")

@@ -39,10 +39,10 @@ def _turns(bfcl, tokenizer, limit: int | None = None):
     return units.select(cfg, bfcl, tokenizer)[1]
 
 
-def _engine(backend, bfcl, rung: str, memory: str = "transcript", **rollout):
+def _engine(backend, bfcl, rung: str, memory: str = "transcript", budget: int = 1, **rollout):
     config = RolloutConfig(mode="real+shadow", batch_size=4, embedding=False, max_new_tokens=64,
                            max_steps_per_turn="auto", rehearser=RehearserOptions(fewshot="other_tasks"),
-                           private=PrivateOptions(mode="parallel", budget=1, memory=memory, max_steps=4,
+                           private=PrivateOptions(mode="parallel", budget=budget, memory=memory, max_steps=4,
                                                   memory_tokens=400, measure_change=True), **rollout)
     return build_engine(backend, bfcl, config, private_hook=ladder.hook(rung))
 
@@ -192,9 +192,13 @@ def test_a_tiny_ladder_writes_its_table_and_resumes_without_replaying_done_cells
     config = tmp_path / "ladder.toml"
     config.write_text(TINY_CONFIG)
     args = ["private-ladder", "--name", "lad", "--models", "tiny=tiny", "--config", str(config),
-            "--root", str(tmp_path)]
+            "--root", str(tmp_path), "--budget", "2"]  # select needs N >= 2 to choose from
     assert main(args) == 0
     con = connect(tmp_path)
+    # the rehearser's temperature is unset: run.json says what it sampled at (the engine's: greedy for the
+    # committed turns, the attempts' 1.0 inside private rehearsal)
+    sampling = json.loads((tmp_path / "lad-tiny-rehearsed-s0" / "run.json").read_text())["sampling"]
+    assert sampling == {"caller": 0.0, "rehearser": 0.0, "private_attempts": 1.0, "private_rehearser": 1.0}
     names = {"lad-tiny-none", "lad-tiny-empty", "lad-tiny-reference", "lad-tiny-real-s0", "lad-tiny-rehearsed-s0",
              "lad-tiny-select-s0"}
     assert {r[0] for r in con.execute("SELECT run_id FROM runs WHERE run_id LIKE 'lad-%'").fetchall()} == names
@@ -248,7 +252,9 @@ def test_a_rung_without_state_copy_and_a_run_without_weights_are_one_line_refusa
     assert main([*base[:2], "lad2", *base[3:], "--models", f"sft={run / 'metrics'}"]) == 2  # a folder, no weights
     assert "no config.json" in capsys.readouterr().err
     assert not (tmp_path / "lad2").exists()
-    for bad in (["--rungs", "empty,vibes"], ["--budget", "0"], ["--mode", "rehearse"], ["--models", "tiny"]):
+    for bad in (["--rungs", "empty,vibes"], ["--budget", "0"], ["--mode", "rehearse"], ["--models", "tiny"],
+                ["--private-temperature", "-1"], ["--rehearser-temperature", "-0.5"],
+                ["--rungs", "select"], ["--rungs", "select", "--budget", "1"]):  # N = 1: nothing to select
         assert main([*base[:2], "lad3", *base[3:], "--models", "tiny=tiny", *bad]) == 2, bad
         assert capsys.readouterr().err.strip().count("\n") == 0
 
@@ -259,10 +265,13 @@ def test_select_is_a_rung_once_private_rehearsal_has_it(bfcl, tiny, reference_po
             ladder.parse_rungs("rehearsed,select")
         return
     assert ladder.parse_rungs("select,rehearsed") == ["rehearsed", "select"]
-    base = ladder.base_config(RolloutConfig(model="tiny"), ["select"])
+    with pytest.raises(UsageError, match="N = 1 has nothing to choose from"):
+        ladder.base_config(RolloutConfig(model="tiny"), ["select"])
+    two = RolloutConfig(model="tiny", private=PrivateOptions(budget=2))
+    base = ladder.base_config(two, ["select"])
     assert ladder.cell_config(ladder.Cell("m", "tiny", "select", 0), base, [0]).private.memory == "select"
     turns = _turns(bfcl, tiny[1])[:4]
-    engine = _engine(reference_policy(turns), bfcl, "select", memory="select")
+    engine = _engine(reference_policy(turns), bfcl, "select", memory="select", budget=2)
     episodes = _opened(engine, turns)
     before = [_state(ep.env) for ep in episodes]
     assert engine.before_turn.memories(engine, episodes) == [""] * len(episodes)  # no memory: a chosen message

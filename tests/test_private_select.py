@@ -112,9 +112,11 @@ def test_a_judge_answer_scores_the_probability_of_yes(tiny):
     assert verdict(Generation(no, "perhaps", "stop"), decode) == (0.5, "judge_unparsed")
 
 
-def test_select_with_budget_zero_or_in_sequence_is_refused(tmp_path, capsys):
+def test_select_with_budget_zero_or_one_or_in_sequence_is_refused(tmp_path, capsys):
     with pytest.raises(UsageError, match="budget 0 has none"):
         PrivateOptions(mode="parallel", budget=0, memory="select")
+    with pytest.raises(UsageError, match="budget 1 has nothing to choose from"):  # N = 1: nothing to select
+        PrivateOptions(mode="parallel", budget=1, memory="select")
     with pytest.raises(UsageError, match="use mode parallel"):
         PrivateOptions(mode="sequential", budget=2, memory="select")
     from envace.cli import main

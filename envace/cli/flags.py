@@ -17,7 +17,8 @@ ROLLOUT_FLAGS = ("env", "category", "split", "limit", "offset", "mode", "model",
                  "max_user_turns", "backend", "thinking", "past_thinking", "unit", "min_turn_calls", "max_turn_calls",
                  "report_to", "rehearser_model", "shadow_turns")
 _PRIVATE_FLAGS = {"private": "mode", "budget": "budget", "private_scope": "scope", "private_steps": "max_steps",
-                  "private_memory": "memory", "measure_change": "measure_change"}  # flag → field of [rollout.private]
+                  "private_memory": "memory", "private_temperature": "temperature",
+                  "measure_change": "measure_change"}  # flag → field of [rollout.private]
 _DEPRECATED = {"--rehearsal": "--private", "--rehearsal-scope": "--private-scope",
                "--rehearsal-steps": "--private-steps"}
 
@@ -65,6 +66,9 @@ def add_config_flags(p: argparse.ArgumentParser, names: tuple[str, ...] = ROLLOU
                        help=_help(by_name[name], hints[name]))
     p.add_argument("--domain", dest="category", default=None,
                    help="τ²: airline | retail | telecom | telecom_solo (the category)")
+    p.add_argument("--rehearser-temperature", dest="rehearser_temperature", default=None, type=toml_literal,
+                   help="sampling temperature of rehearsals, imagined attempts' included (default: the config's; "
+                        "unset, the temperature of the engine it answers, recorded in run.json's sampling)")
     if private:
         hints = typing.get_type_hints(PrivateOptions)
         options = {f.name: f for f in fields(PrivateOptions)}
@@ -96,6 +100,10 @@ def rollout_config(args: argparse.Namespace, names: tuple[str, ...] = ROLLOUT_FL
         if not isinstance(data.get("private", {}), dict):
             raise UsageError(f"{where}: private must be a table")
         data["private"] = {**data.get("private", {}), **private}
+    if getattr(args, "rehearser_temperature", None) is not None:
+        if not isinstance(data.get("rehearser", {}), dict):
+            raise UsageError(f"{where}: rehearser must be a table")
+        data["rehearser"] = {**data.get("rehearser", {}), "temperature": args.rehearser_temperature}
     return RolloutConfig.from_dict(data, where=where)
 
 

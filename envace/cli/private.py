@@ -21,9 +21,9 @@ def cmd_private_ladder(args: argparse.Namespace) -> int:
     from envace.private import ladder
     from envace.store import connect, get_run
 
-    rungs = ladder.parse_rungs(args.rungs) if args.rungs is not None else ladder.default_rungs()
-    models = ladder.parse_models(args.models.split(","))
     base = rollout_config(args, _LADDER_FLAGS)
+    rungs = ladder.parse_rungs(args.rungs) if args.rungs is not None else ladder.default_rungs(base.private.budget)
+    models = ladder.parse_models(args.models.split(","))
     seeds = ladder.parse_seeds(args.seeds, base.seed)
     console = new_console()
     root = runs_root(args.root)
@@ -47,7 +47,7 @@ def register(sub) -> None:
                         "run stands for its checkpoint; default, tiny and checkpoint folders are taken too)")
     p.add_argument("--rungs", default=None,
                    help="comma-separated rungs besides N = 0: empty, reference, real, rehearsed, select (default: "
-                        "all of them)")
+                        "all of them, select only where --budget is 2 or more)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds; the rungs that sample run once per seed "
                                                  "(default: the config's seed)")
     p.add_argument("--config", default=None, help="TOML file with a [rollout] table (and [rollout.private]); "
@@ -60,6 +60,9 @@ def register(sub) -> None:
                    help="imagined attempts N of the real, rehearsed and select rungs (default: the config's, else 1)")
     p.add_argument("--private-steps", dest="private_steps", default=None, type=positive("--private-steps"),
                    help="caller messages per imagined attempt (default: the config's)")
+    p.add_argument("--private-temperature", dest="private_temperature", default=None, type=toml_literal,
+                   help="sampling temperature of the imagined attempts (default: the config's; 0: each attempt is the "
+                        "greedy action, so only what the memory says can move a score)")
     p.add_argument("--private-memory", dest="private_memory", default=None, type=toml_literal,
                    help="how attempts (and the reference's gold) become the memory: summary | transcript (default: "
                         "the config's)")

@@ -65,9 +65,10 @@ def select_available() -> bool:
     return "select" in choices(typing.get_type_hints(PrivateOptions)["memory"])
 
 
-def default_rungs() -> list[str]:
-    """Every rung this version has."""
-    return [r for r in RUNGS if r != "select" or select_available()]
+def default_rungs(budget: int = 1) -> list[str]:
+    """Every rung this version has; select only where the attempts' N (`budget`, 0 = the ladder's 1) leaves
+    something to choose from."""
+    return [r for r in RUNGS if r != "select" or (select_available() and (budget or 1) >= 2)]
 
 
 # -- input ---------------------------------------------------------------------------------------------------------
@@ -139,6 +140,9 @@ def base_config(cfg: RolloutConfig, rungs: list[str]) -> RolloutConfig:
     mode = "parallel" if o.mode == "none" else o.mode
     if "select" in rungs and mode != "parallel":
         raise UsageError("rung select scores independent attempts: use --private parallel")
+    if "select" in rungs and (o.budget or 1) < 2:  # one attempt leaves nothing to choose: it measured temperature
+        raise UsageError(f"rung select chooses among N >= 2 imagined attempts, and N = {o.budget or 1} has nothing "
+                         "to choose from: set --budget 2 or more")
     return replace(cfg, report_to="none",
                    private=replace(o, mode=mode, budget=o.budget or 1, scope="turn", measure_change=True))
 
