@@ -52,12 +52,75 @@ def test_gpu_shares_no_rank_or_server_can_use_are_refused_by_the_config(tmp_path
     assert says in line
 
 
+def _weights(path: Path, tensors: int = 1) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({f"w{i}": torch.arange(64, dtype=torch.float32) for i in range(tensors)}, str(path))
+    return path
+
+
+def test_a_model_whose_weights_are_cut_short_or_missing_is_refused(tmp_path):
+    """`specs.check_weights`, run on every node: a file shorter than its header says, a shard its index names
+    that is not there, no weights at all; a whole model passes."""
+    import json
+
+    from envace.errors import UsageError
+    from envace.policy.specs import check_weights
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="no weights"):
+        check_weights(tmp_path)
+    whole = _weights(tmp_path / "model-00001-of-00002.safetensors", tensors=2)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"w0": whole.name, "w1": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(UsageError, match="1 of the 2 weight files its index names are missing"):
+        check_weights(tmp_path)
+    _weights(tmp_path / "model-00002-of-00002.safetensors")
+    check_weights(tmp_path)
+    data = whole.read_bytes()
+    whole.write_bytes(data[:-100])  # a download cut off before its end
+    with pytest.raises(UsageError, match=f"cut short, {len(data) - 100:,} of its {len(data):,} bytes"):
+        check_weights(tmp_path)
+
+
+def test_nodes_with_other_package_nccl_or_vllm_versions_are_named(monkeypatch):
+    import ray
+
+    from envace.training.cluster import nodes
+
+    monkeypatch.setattr(ray, "nodes", lambda: [{"NodeID": n * 8, "NodeManagerAddress": f"10.0.0.{i}"}
+                                               for i, n in enumerate("abc")])
+    mine = {"torch": "2.13.0", "transformers": "5.17.0", "peft": "0.21.2", "ray": "2.60.0", "nccl": None}
+    same = {"versions": {**mine, "nccl": "2.27.3"}, "vllm_version": "0.33.0"}
+    found = {"a" * 8: same, "b" * 8: {"versions": {**mine, "transformers": "5.24.0", "nccl": "2.26.2"},
+                                      "vllm_version": "0.33.0"},
+             "c" * 8: {"versions": {**mine, "nccl": "2.27.3"}, "vllm_version": "0.32.0"}}
+    said = nodes.differences(found, mine)
+    assert said[0] == "node 10.0.0.1 (bbbbbbbb) has transformers 5.24.0 (here 5.17.0)"
+    assert said[1].startswith("the nodes run NCCL 2.27.3 (node 10.0.0.0 (aaaaaaaa)), 2.26.2 (node 10.0.0.1")
+    assert said[2].startswith("the nodes run vLLM 0.33.0") and "0.32.0 (node 10.0.0.2 (cccccccc))" in said[2]
+    assert nodes.differences({"a" * 8: same}, mine) == []
+
+
+def test_a_vllm_environment_that_does_not_import_vllm_is_named(monkeypatch, tmp_path):
+    import sys
+
+    from envace.errors import UsageError
+    from envace.training.cluster import nodes
+
+    monkeypatch.setenv("ENVACE_VLLM_PYTHON", sys.executable)  # an interpreter that exists, without vLLM
+    with pytest.raises(UsageError, match="a vLLM environment that cannot import vllm: .*No module named 'vllm'"):
+        nodes.vllm_version()
+
+
 def _hf_cache(root: Path, repo: str | None) -> Path:
     """An HF hub cache holding `repo`'s config.json, as a download leaves it (None: an empty cache)."""
     if repo is not None:
         folder, revision = root / f"models--{repo.replace('/', '--')}", "0" * 40
         (folder / "snapshots" / revision).mkdir(parents=True)
         (folder / "snapshots" / revision / "config.json").write_text("{}")
+        _weights(folder / "snapshots" / revision / "model.safetensors")
         (folder / "refs").mkdir()
         (folder / "refs" / "main").write_text(revision)
     root.mkdir(parents=True, exist_ok=True)
@@ -155,3 +218,27 @@ def test_every_worker_sees_only_the_gpus_ray_reserved_for_it(monkeypatch, reserv
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     workers.LearnerRank(TrainConfig(model="tiny"), 0, 1)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == sees
+
+
+@pytest.mark.heavy
+def test_the_learner_is_packed_on_as_few_nodes_as_hold_it_before_the_actors_spread():
+    """4 nodes of 2 (simulated) GPUs, 4 actors spread, 4 learner ranks: the learner is reserved first and packed on
+    2 nodes, the actors on what is left. Reserved together, spread actors could take a GPU of every node first and
+    push the learner's ranks, and each all-reduce, across all four."""
+    import ray
+
+    from envace.config import RayConfig
+    from envace.training.cluster.placement import place
+
+    with loopback_cluster(*[{"num_cpus": 2, "num_gpus": 2}] * 4) as (address, _):
+        ray.init(address=address, logging_level="ERROR")
+        try:
+            rc = RayConfig(address=address, actors=4, actor_cpus=0.5, actor_gpus=1, actor_placement="SPREAD",
+                           learners=4, learner_cpus=0.5, learner_gpus=1)
+            placement = place(rc)
+            actors, learners = placement.nodes()
+            placement.remove()
+        finally:
+            ray.shutdown()
+    assert len(learners) == 4 and len(set(learners)) == 2
+    assert len(actors) == 4 and not set(actors) & set(learners)  # the actors on the two nodes left

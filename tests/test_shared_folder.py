@@ -60,7 +60,7 @@ def test_a_rank_sees_the_probe_only_with_the_drivers_token(tmp_path):
 
 def test_a_state_naming_fsdp_shards_this_process_does_not_see_is_one_line(tmp_path):
     """A `state.pt` naming FSDP shards (each rank wrote its own, where every rank saw the run folder) read where the
-    shards are not (a rank given `state.pt` in pieces, `LearnerRank.load_sent`; or a run folder copied without
+    shards are not (a rank given `state.pt` in pieces, `LearnerRank.load_received`; or a run folder copied without
     them): one line, before the learner is touched."""
     write_state(tmp_path / "state.pt", 3, {"fsdp": True, "shards": "shards-3"}, {})
     with pytest.raises(UsageError, match=r"names FSDP shards in .*shards-3, which this process does not see"):
@@ -110,3 +110,22 @@ def test_a_state_left_on_a_node_by_a_process_that_died_goes_when_the_next_one_is
     live = workers.node_folder(workers.STATE_FOLDER)
     mine = workers.node_folder(workers.STATE_FOLDER)
     assert not left.exists() and live.exists() and mine.exists() and live.parent == tmp_path
+
+
+def test_state_pieces_travel_to_the_ranks_a_few_at_a_time():
+    """`driver.windowed`, how `RemoteLearner.send_state` streams `state.pt` to ranks that do not see the run folder:
+    every piece sent once, in order, and never more than `ahead` sent and not yet written (the driver put every
+    piece into the object store at once before: the whole state on its node)."""
+    from envace.training.cluster.driver import windowed
+
+    sent, done, most = [], [], 0
+
+    def send(piece):
+        nonlocal most
+        sent.append(piece)
+        most = max(most, len(sent) - len(done))
+        return piece
+
+    windowed(range(10), send, done.append, ahead=3)
+    assert sent == done == list(range(10)) and most == 3
+    windowed([], send, done.append)  # nothing to send: nothing waited for

@@ -84,6 +84,52 @@ def check_model_spec(spec: str) -> None:
         resolve_model(spec)
 
 
+def check_weights(folder: Path) -> None:
+    """A UsageError naming what is missing or cut short in a model folder's weights: every shard its
+    `model.safetensors.index.json` names present, and each safetensors file as long as its own header says (a
+    download cut off mid-file passes a look for `config.json`, and fails only when the weights load)."""
+    import json
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise UsageError(f"model {folder}: {index.name} is not a safetensors index ({exc})") from None
+        missing = [name for name in shards if not (folder / name).exists()]
+        if missing:
+            raise UsageError(f"model {folder}: {len(missing)} of the {len(shards)} weight files its index names "
+                             f"are missing ({', '.join(missing[:3])}{' …' if len(missing) > 3 else ''})")
+    else:
+        shards = [p.name for p in sorted(folder.glob("*.safetensors"))]
+        if not shards and not list(folder.glob("pytorch_model*.bin")):
+            raise UsageError(f"model {folder}: no weights (model.safetensors, its index, or pytorch_model.bin)")
+    for name in shards:
+        _complete(folder / name)
+
+
+def _complete(path: Path) -> None:
+    """A safetensors file holds 8 bytes of header length, the JSON header, then the tensors' bytes up to the
+    largest `data_offsets` end: a shorter file was cut short."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        header = f.read(length) if 0 <= length <= size - 8 else b""
+    try:
+        tensors = json.loads(header)
+        end = max((t["data_offsets"][1] for k, t in tensors.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UsageError(f"model weights {path}: not a complete safetensors file (its header cannot be read; "
+                         f"{size:,} bytes)") from None
+    if size < 8 + length + end:
+        raise UsageError(f"model weights {path}: cut short, {size:,} of its {8 + length + end:,} bytes (an "
+                         "unfinished download?)")
+
+
 def model_dir(spec: str) -> Path:
     """A folder holding the spec's weights and tokenizer, for a server to load (`tiny` is saved once)."""
     if spec == TINY_MODEL:

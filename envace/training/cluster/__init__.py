@@ -11,5 +11,6 @@
 Weights and episodes travel through Ray's object store. Where every learner rank sees the run folder (one
 machine, or a filesystem every node mounts), the ranks write `state.pt` (under FSDP each its own shards) and the
 checkpoint there themselves; elsewhere rank 0 writes them on its own node and streams them to the driver in
-pieces, so no node needs a shared filesystem; the driver then holds one piece at a time.
+pieces, so no node needs a shared filesystem; the driver then holds a few pieces at a time (one coming back,
+at most `driver.SENT_AHEAD` on their way to the ranks when a run resumes).
 """

@@ -23,9 +23,10 @@ import contextlib
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from envace.config import TrainConfig
 from envace.errors import Stopped
@@ -41,6 +42,8 @@ from envace.training.learner import ADDITIVE, BaseLearner
 from envace.training.loop import Trainer, overlapped
 from envace.training.recorder import Recorder
 from envace.training.scheduler import Scheduler, Work, chunk_size
+
+T, R = TypeVar("T"), TypeVar("R")
 
 
 class RayWorkers:
@@ -269,11 +272,35 @@ class RemoteLearner(BaseLearner):
         return self._all("load_state", str(path))[0] if self.shared else self.send_state(path)
 
     def send_state(self, path: Path) -> tuple[int, dict]:
-        """`state.pt` put into Ray's object store a piece at a time (this process never holds it whole), for each
-        rank to write on its own node and read (`LearnerRank.load_sent`)."""
+        """`state.pt` sent to every rank in pieces, each written on the rank's own node as it comes
+        (`LearnerRank.receive`), then read there (`LearnerRank.load_received`). At most `SENT_AHEAD` pieces are
+        in the object store at once: a piece is put only once every rank has written the one that many before it,
+        so the driver's node never holds the state whole."""
         import ray
 
-        return self._all("load_sent", [ray.put(piece) for piece in file_pieces(path)])[0]
+        self._all("receive_begin")
+        windowed(file_pieces(path), lambda piece: self._each("receive", ray.put(piece)),
+                 lambda calls: self.gather(calls, "receive"))
+        return self._all("load_received")[0]
+
+    def _each(self, method: str, *args) -> list:
+        return [getattr(h, method).remote(*args) for h in self.handles]
+
+
+SENT_AHEAD = 4  # pieces of `state.pt` (`checkpoint.PIECE` each) on their way to the ranks at once
+
+
+def windowed(items: Iterable[T], send: Callable[[T], R], wait: Callable[[R], object], ahead: int = SENT_AHEAD) -> None:
+    """`send` each item in order, `wait`ing for the oldest one sent whenever `ahead` are outstanding: at most
+    `ahead` items sent and not yet done at any time, the last ones waited for at the end."""
+    outstanding: deque[R] = deque()
+    for item in items:
+        if len(outstanding) >= ahead:
+            wait(outstanding.popleft())
+        outstanding.append(send(item))
+        del item  # the piece itself: only its reference is kept while it travels
+    while outstanding:
+        wait(outstanding.popleft())
 
 
 def _ranks(cfg: TrainConfig, placement: Placement) -> list:
@@ -340,8 +367,9 @@ def train_on_ray(cfg: TrainConfig, run: Run, say: Callable[[str], None], resume:
     cfg, ranks, actors = cfg.resolve(), [], []  # the workers build from the config the run stores
     try:
         ranks = _ranks(cfg, placement)
-        host, port = ray.get(ranks[0].endpoint.remote())
-        cfg, pool = ray.get([r.join.remote(host, port) for r in ranks])[0]  # `auto` budgets resolved on rank 0
+        forming = RemoteLearner(cfg, ranks, run.run_id)  # a rank that fails while the group forms: one line too
+        host, port = forming.gather([ranks[0].endpoint.remote()], "endpoint")[0]
+        cfg, pool = forming.gather([r.join.remote(host, port) for r in ranks], "join")[0]  # `auto` resolved on rank 0
         actors = _actors(cfg, placement, run)
         nodes = {}  # Ray node id → a short name, in order of appearance
         named = [nodes.setdefault(node, f"node {len(nodes)} ({node[:8]})")

@@ -10,6 +10,7 @@ uses (`nodes.check`) before the caller creates the run folder, so no refusal lea
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -168,10 +169,15 @@ def place(rc: RayConfig, backend: str = "hf") -> Placement:
     if rc.actor_placement == "STRICT_SPREAD" and rc.actors > nodes:
         raise UsageError(f"[train.ray] actor_placement: STRICT_SPREAD puts each of {rc.actors} actors on its own "
                          f"node, but the cluster has {nodes}")
-    groups = [placement_group([_bundle(rc.actor_cpus, rc.actor_gpus)] * rc.actors, strategy=rc.actor_placement),
-              placement_group([_bundle(rc.learner_cpus, rc.learner_gpus)] * rc.learners, strategy="PACK")]
-    ready, _ = ray.wait([g.ready() for g in groups], num_returns=2, timeout=rc.placement_timeout_s)
-    if len(ready) < 2:
+    # The learner first, packed on as few nodes as hold it (its collectives cross as few nodes as they can), then
+    # the actors where they fit: reserved together, PACK could be handed a node's GPUs the actors took first.
+    deadline = time.monotonic() + rc.placement_timeout_s
+    learner = placement_group([_bundle(rc.learner_cpus, rc.learner_gpus)] * rc.learners, strategy="PACK")
+    placed, _ = ray.wait([learner.ready()], timeout=rc.placement_timeout_s)
+    actors = placement_group([_bundle(rc.actor_cpus, rc.actor_gpus)] * rc.actors, strategy=rc.actor_placement)
+    groups = [actors, learner]
+    ready, _ = ray.wait([actors.ready()], timeout=max(0.0, deadline - time.monotonic())) if placed else ([], [])
+    if not (placed and ready):
         for group in groups:
             remove_placement_group(group)
         raise UsageError(f"[train.ray]: the cluster could not place the actors and learner ranks within "

@@ -27,7 +27,7 @@ from envace.policy.models import put_weights
 from envace.policy.vllm import transient
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
-from envace.training.checkpoint import pieces, read_state, receive, write_checkpoint, write_learner_state
+from envace.training.checkpoint import pieces, read_state, write_checkpoint, write_learner_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
 from envace.training.grpo import Row
@@ -327,18 +327,30 @@ class LearnerRank:
         next_step, versions = read_state(Path(path), self.learner)
         return None if self.rank != 0 else (next_step, {v: ray.put(w) for v, w in versions.items()})
 
-    def load_sent(self, sent: list) -> tuple[int, dict] | None:
-        """`state.pt` from the references to its pieces the driver put in the object store (a rank that does not see
-        the run folder, `RemoteLearner.send_state`): written in a folder of this node, read as `load_state` reads
-        it, removed."""
-        import ray
+    def receive_begin(self) -> None:
+        """Open `state.pt` in a folder of this node for the pieces the driver sends next (a rank that does not see
+        the run folder, `RemoteLearner.send_state`); a folder left by an earlier try is replaced."""
+        self._drop_received()
+        self._incoming = node_folder(STATE_FOLDER)
+        self._incoming_file = (self._incoming / "state.pt").open("wb")
 
-        folder = node_folder(STATE_FOLDER)
+    def receive(self, piece: bytes) -> None:
+        """One piece of `state.pt`, written as it comes (Ray runs a rank's calls in the order they were sent)."""
+        self._incoming_file.write(piece)
+
+    def load_received(self) -> tuple[int, dict] | None:
+        """The `state.pt` received, read as `load_state` reads it, then removed."""
+        self._incoming_file.close()
         try:
-            receive((("state.pt", ray.get(ref)) for ref in sent), folder)
-            return self.load_state(str(folder / "state.pt"))
+            return self.load_state(str(self._incoming / "state.pt"))
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            self._drop_received()
+
+    def _drop_received(self) -> None:
+        if getattr(self, "_incoming_file", None) is not None:
+            self._incoming_file.close()
+            shutil.rmtree(self._incoming, ignore_errors=True)
+        self._incoming, self._incoming_file = None, None
 
     def checkpoint(self, out: str | None = None) -> str | None:
         """The final weights (LoRA merged) and tokenizer as `save_pretrained` writes them, by rank 0: written as
