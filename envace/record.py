@@ -47,7 +47,7 @@ def score(ep: Episode, mode: str, phase: str = "rollout") -> dict[str, Any]:
                               for m in ep.memories),
         "imagined_steps": sum(m["imagined_steps"] for m in ep.memories),
         "context_ids": ep.ids, "wall_s": ep.wall_s, "wait_s": ep.wait_s,
-        "started_at": ep.started_at, "ended_at": ep.started_at + ep.wall_s,
+        "started_at": ep.started_at, "ended_at": ep.started_at + ep.wall_s, "actor": ep.actor,
     }
 
 

@@ -66,6 +66,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         # waits for the slowest; ~0 under episode_loop = per_episode): SUM(wait_s) / SUM(wall_s) is the idle
         # share of episode slots (`engine.episode.idle_share`); NULL in older shards
         ("wait_s", pa.float64()),
+        ("actor", pa.int32()),            # training: the rollout actor that played it (NULL elsewhere, older shards)
     ]),
     # One row per model generation of any role: a caller message, the rehearsal of one call, a simulated
     # user's message. The unit of training: what the trainer used is stored with it, never re-derived.

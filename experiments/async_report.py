@@ -4,9 +4,10 @@
 
 Per run, over its GRPO steps: wall per step (the learner's, `step_s`), generated tokens per second of that
 wall, each part's busy share of it (rollouts, update, the learner's wait for rollouts, the actor's weight
-loads, the pushes to the server), the staleness of what was trained on, and the rollouts' idle share: in a
-step, 1 − Σ caller messages / (episodes × the longest episode's), the share of the batch's episode slots, in
-engine rounds, that wait for the longest episode (episodes kept in flight across steps would fill them). Writes
+loads, the pushes to the server), the staleness of what was trained on, the actors' slot-time idle
+(`actor_slot_idle`: the slot-seconds offered but empty over the steps' wall, a finished episode's slot empty
+until refilled; each step weighted by its wall), and the older round count: in a step, 1 − Σ caller messages /
+(episodes × the longest episode's), the share of engine rounds that wait for the longest episode. Writes
 the figure (busy shares per run) to --figure (default docs/figures/async_cpu.html) unless --no-figure.
 """
 
@@ -37,21 +38,25 @@ def measure(con, run: str) -> dict:
     idle = con.execute("SELECT avg(1 - s / (n * m)) FROM (SELECT step, sum(n_steps) AS s, count(*) AS n, "
                        "max(n_steps) AS m FROM episodes WHERE run_id = ? AND phase = 'grpo' GROUP BY step "
                        "HAVING max(n_steps) > 0)", [run]).fetchall()[0][0]
+    slots = con.execute("SELECT sum(i.value * s.value) / sum(s.value) FROM metrics i JOIN metrics s USING "
+                        "(run_id, phase, role, step) WHERE i.run_id = ? AND i.phase = 'grpo' AND i.role = 'all' "
+                        "AND i.name = 'actor_slot_idle' AND s.name = 'step_s'", [run]).fetchall()[0][0]
     wall = sums["step_s"]
     return {"run": run, "steps": steps, "wall_per_step": wall / steps, "tokens_per_s": tokens / wall,
             "shares": {label: sums.get(name, 0.0) / wall for name, label in PARTS if name in sums},
-            "staleness": ", ".join(f"{int(v)}: {n}" for v, n in stale), "idle": idle}
+            "staleness": ", ".join(f"{int(v)}: {n}" for v, n in stale), "idle": idle, "slot_idle": slots}
 
 
 def table(rows: list[dict]) -> str:
     labels = [label for _, label in PARTS if any(label in r["shares"] for r in rows)]
     head = ["run", "steps", "wall / step (s)", "tokens / s", *(f"{label} (share)" for label in labels),
-            "steps by staleness", "idle episode slots"]
+            "steps by staleness", "slot-time idle", "idle in engine rounds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["run"], str(r["steps"]), f"{r['wall_per_step']:.1f}", f"{r['tokens_per_s']:.1f}",
                  *(f"{r['shares'][label]:.0%}" if label in r["shares"] else "—" for label in labels),
-                 r["staleness"], f"{r['idle']:.0%}" if r["idle"] is not None else "—"]
+                 r["staleness"], f"{r['slot_idle']:.1%}" if r["slot_idle"] is not None else "—",
+                 f"{r['idle']:.0%}" if r["idle"] is not None else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -233,3 +233,25 @@ def test_a_screen_names_the_units_whose_rewards_differ(tmp_path):
                                             "success": False, "checklist": 0.0} for k in range(4)])
     none = subprocess.run([*script, "flat"], capture_output=True, text=True)
     assert none.returncode == 2 and none.stderr.strip().splitlines()[-1].startswith("error: screen 'flat': none of")
+
+
+def test_the_episode_timeline_has_a_lane_per_slot_of_each_actor():
+    """Episodes that say which actor played them (`episodes.actor`) are packed into that actor's slots in start
+    order: an actor's lanes are the episodes it had in flight at once, no two bars of a lane overlap, and a slot
+    left empty shows as a gap; older runs (no actor) keep a lane per episode of its step."""
+    import pandas as pd
+
+    from workbench.figures import episode_timeline, lanes
+
+    spans = pd.DataFrame({"step": [0, 0, 0, 0, 1, 1], "episode_id": list("abcdef"),
+                          "start_s": [0.0, 0.0, 1.0, 2.0, 3.0, 3.5], "end_s": [1.5, 1.0, 2.5, 3.0, 4.0, 5.0],
+                          "wait_s": [0.0] * 6, "actor": [0, 0, 0, 1, 0, 1]})
+    lane = lanes(spans)
+    assert lane.tolist() == ["actor 0 · slot 1", "actor 0 · slot 0", "actor 0 · slot 0", "actor 1 · slot 0",
+                             "actor 0 · slot 0", "actor 1 · slot 0"]
+    for _, same in spans.assign(lane=lane).groupby("lane"):
+        ordered = same.sort_values("start_s")
+        assert (ordered["start_s"].iloc[1:].to_numpy() >= ordered["end_s"].iloc[:-1].to_numpy()).all()
+    fig = episode_timeline(spans)
+    assert list(fig.layout.yaxis.categoryarray) == ["actor 0 · slot 0", "actor 0 · slot 1", "actor 1 · slot 0"]
+    assert lanes(spans.assign(actor=None)).tolist() == ["0", "1", "2", "3", "0", "1"]

@@ -174,10 +174,11 @@ class Workbench:
 
     def episode_spans(self, run_id: str, phase: str = "grpo") -> pd.DataFrame:
         """When each episode of one phase ran, one row per episode in start order: `start_s` and `end_s` in seconds
-        since the phase's first episode began, and `wait_s`, the part of it spent with its next request ready
-        while other episodes' work ran. Empty for runs stored before episodes kept their own start and end."""
+        since the phase's first episode began, `wait_s`, the part of it spent with its next request ready while
+        other episodes' work ran, and `actor`, the rollout actor that played it (NULL in runs stored before
+        episodes kept it). Empty for runs stored before episodes kept their own start and end."""
         return self._df("SELECT step, episode_id, started_at - min(started_at) OVER () AS start_s, "
-                        "ended_at - min(started_at) OVER () AS end_s, coalesce(wait_s, 0.0) AS wait_s "
+                        "ended_at - min(started_at) OVER () AS end_s, coalesce(wait_s, 0.0) AS wait_s, actor "
                         f"FROM {self._source('episodes', run_id)} WHERE run_id = ? AND phase = ? "
                         "AND started_at IS NOT NULL ORDER BY started_at, episode_id", [check_run_id(run_id), phase])
 

@@ -175,15 +175,33 @@ def step_timeline(metrics: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+def lanes(spans: pd.DataFrame) -> pd.Series:
+    """A lane per episode: under its actor where episodes say which played them (`actor`), episodes packed into
+    that actor's slots in start order (an episode takes the first of the actor's lanes free by its start, so an
+    actor's lanes are the episodes it had in flight at once: its slots, with the gaps where one sat empty);
+    without actors, a lane per episode of its step. Labelled "actor a · slot k"."""
+    if "actor" not in spans or spans["actor"].isna().all():
+        return spans.groupby("step").cumcount().astype(str)
+    out, free = pd.Series("", index=spans.index), {}
+    for i, row in spans.sort_values(["start_s", "end_s"], kind="stable").iterrows():
+        actor = "?" if pd.isna(row["actor"]) else int(row["actor"])
+        ends = free.setdefault(actor, [])
+        slot = next((k for k, end in enumerate(ends) if end <= row["start_s"]), len(ends))
+        ends[slot:slot + 1] = [row["end_s"]]
+        out[i] = f"actor {actor} · slot {slot}"
+    return out
+
+
 def episode_timeline(spans: pd.DataFrame) -> go.Figure | None:
     """Each episode of `Workbench.episode_spans` as a bar from its start to its end on the run's wall clock (a lane
-    per episode slot of its step, a colour per step), and beside it each step's idle share of episode slots:
-    Σ wait_s / Σ (end_s − start_s), the time episodes sat ready while other episodes' work ran
-    (`engine.episode.idle_share`: lock-step waits for the slowest, the per-episode loop does not). None when no
-    episode stored its times."""
+    per slot of the actor that played it, `lanes`; a colour per step), and beside it each step's idle share of
+    episode slots: Σ wait_s / Σ (end_s − start_s), the time episodes sat ready while other episodes' work ran
+    (`engine.episode.idle_share`: lock-step waits for the slowest, the per-episode loop does not). A slot left empty
+    between two episodes shows as a gap in its lane (the run's slot-time idle is the metric `actor_slot_idle`).
+    None when no episode stored its times."""
     if spans.empty:
         return None
-    spans = spans.assign(wall=spans["end_s"] - spans["start_s"], slot=spans.groupby("step").cumcount())
+    spans = spans.assign(wall=spans["end_s"] - spans["start_s"], slot=lanes(spans))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
                         subplot_titles=["episodes on the wall clock (s since the first began)",
                                         "idle share of episode slots"])
@@ -197,14 +215,21 @@ def episode_timeline(spans: pd.DataFrame) -> go.Figure | None:
     idle = (sums["wait_s"] / sums["wall"]).where(sums["wall"] > 0)
     fig.add_trace(go.Bar(x=idle.index + 1, y=idle.values, name="idle share", text=[f"{v:.0%}" for v in idle],
                          textposition="outside"), row=1, col=2)
-    slots = int(spans["slot"].max()) + 1
+    order = sorted(spans["slot"].unique(), key=_lane_key)
+    slots = len(order)
     _style(fig, "Where each episode's time went", "seconds", height=240 + 18 * slots)
     fig.update_layout(showlegend=False)  # each bar says its step
-    fig.update_yaxes(title_text="episode slot", autorange="reversed", tickformat="d", dtick=1 if slots <= 24 else None,
+    fig.update_yaxes(title_text="actor's slot" if order[0].startswith("actor") else "episode slot",
+                     type="category", categoryorder="array", categoryarray=order, autorange="reversed",
                      row=1, col=1)
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%", row=1, col=2)
     fig.update_xaxes(title_text="step", tickformat="d", dtick=1, row=1, col=2)
     return fig
+
+
+def _lane_key(lane: str) -> tuple:
+    """Lanes in order: by actor, then slot (numbers as numbers)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in lane.replace("·", " ").split())
 
 
 def fidelity_bars(by_tool: pd.DataFrame, metrics: tuple[str, ...] = ("exact", "structure_f1", "value_acc",

@@ -74,6 +74,7 @@ class Episode:
     termination: str | None = None
     started: float = field(default_factory=time.perf_counter)
     started_at: float = field(default_factory=time.time)  # the run's clock, for timelines
+    actor: int | None = None  # training: the rollout actor that played it (Ray's actor index, or the process rank)
     ended: float | None = None  # perf_counter when it terminated (`RolloutEngine.play`): its own wall time, not
     # its batch's, so an episode done after one turn is not charged the slowest one's
     # seconds of it in flight with its next request ready, held back by other episodes' work: its generations'

@@ -151,6 +151,7 @@ class RolloutActor:
                 rewards.add_fidelity(ep.generations, ep.pairs, cfg.grpo.fidelity_weight)
             for g in ep.generations:
                 g.policy_version = version if g.gen.version is None else g.gen.version
+            ep.actor = self.rank  # for the app's per-actor timeline
         return Played(step, version, episodes, scored, rollout.real_fraction, time.perf_counter() - started, clock)
 
     def _take(self, weights: dict[str, torch.Tensor], version: int) -> None:
