@@ -256,3 +256,11 @@ def test_every_lora_version_is_sampled_with_its_own_weights_on_a_long_cached_pro
     shutil.rmtree(pushed)
     versions[0].save_pretrained(pushed)  # the pushed folder now holds other weights: the server keeps its own
     served_equals_trainer(resumed, versions[2])
+
+
+def test_a_server_says_how_many_tokens_its_kv_cache_holds(servers):
+    """`Server.kv_cache_tokens`, what `ray.in_flight = auto` divides by an episode's longest context (the server
+    logs at WARNING, so the log's "Maximum concurrency" line, read before, was never there): the KV cache the
+    server reports in its metrics, positive, and at least one full context of the model."""
+    tokens = servers[0].kv_cache_tokens()
+    assert isinstance(tokens, int) and tokens >= 2048, tokens

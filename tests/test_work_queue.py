@@ -281,3 +281,13 @@ def test_a_staleness_the_actors_cannot_honour_is_one_line_and_exit_2(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "grpo.max_staleness: rollouts ahead of the update run in one process" in err[0], err
     assert not list(tmp_path.iterdir())
+
+
+def test_the_kv_cache_a_server_reports_is_read_from_its_metrics():
+    from envace.policy.vllm import kv_tokens
+
+    line = ('vllm:cache_config_info{block_size="128",engine="0",kv_cache_max_concurrency="5.6875",'
+            'kv_cache_size_tokens="46592",num_gpu_blocks="364"} 1.0')
+    assert kv_tokens("# HELP x\n" + line + "\n") == 46_592
+    assert kv_tokens('vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1.0') == 1600  # older gauges
+    assert kv_tokens("vllm:request_success_total 3.0") is None

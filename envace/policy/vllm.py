@@ -25,6 +25,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +176,17 @@ def request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 600
         return text
 
 
+def kv_tokens(metrics: str) -> int | None:
+    """`kv_cache_size_tokens`, or `num_gpu_blocks` × `block_size`, from the labels of a vLLM server's
+    `vllm:cache_config_info` gauge (Prometheus text); None where the gauge or both are missing."""
+    line = next((ln for ln in metrics.splitlines() if ln.startswith("vllm:cache_config_info{")), "")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+    if labels.get("kv_cache_size_tokens", "").isdigit():
+        return int(labels["kv_cache_size_tokens"])
+    blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else None
+
+
 @dataclass
 class Server:
     """One OpenAI-compatible server: its base URL (`…/v1`), the name it serves the base model under, and
@@ -197,6 +209,16 @@ class Server:
 
     def alive(self) -> bool:
         return self.process is None or self.process.poll() is None
+
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the server's KV cache holds, all sequences together (its Prometheus `/metrics`:
+        `vllm:cache_config_info`'s `kv_cache_size_tokens`, or blocks × block size); None where it says neither."""
+        try:
+            with urllib.request.urlopen(f"{self.root}/metrics", timeout=30) as response:
+                text = response.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return None
+        return kv_tokens(text)
 
     def load_adapter(self, name: str, path: str | Path) -> None:
         """Hot-load a LoRA adapter saved by peft in `path` under a name the server does not serve yet. Never

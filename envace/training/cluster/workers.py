@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from envace.policy.models import put_weights
 from envace.policy.vllm import transient
 from envace.training import evaluate
 from envace.training.actor import Played, RolloutActor
+from envace.training.budget import engine_context, row_budget
 from envace.training.checkpoint import pieces, read_state, write_checkpoint, write_learner_state
 from envace.training.distributed import Processes
 from envace.training.fsdp import full_trainable
@@ -154,13 +154,14 @@ class ActorWorker:
             return seconds
 
     def capacity(self) -> int | None:
-        """Sequences this actor's vLLM server holds at once at its full context (its log's "Maximum concurrency"
-        line: KV cache blocks ÷ blocks per sequence), for `ray.in_flight = auto`; None without a server or the line."""
+        """Episodes this actor's vLLM server holds at once, each at the longest context the actor lets one grow to
+        (the engine's: the server's `max_model_len`, never past a training row's budget): its KV cache's tokens
+        (`Server.kv_cache_tokens`) ÷ that context, so even episodes all at their longest are never preempted.
+        For `ray.in_flight = auto`; None without a server, or where it does not say its KV cache."""
         served = self.actor.served
-        log = served.servers[0].log_path if served is not None and served.servers else None
-        text = log.read_text(errors="replace") if log is not None and log.exists() else ""
-        found = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-        return int(float(found[-1][1])) if found else None
+        tokens = served.servers[0].kv_cache_tokens() if served is not None and served.servers else None
+        context = engine_context(getattr(self.backend, "max_context", None), row_budget(self.cfg))
+        return max(1, tokens // context) if tokens and context else None
 
     def offer(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Partial rollouts: a version taken between two backend calls of the chunk in flight (this call runs beside
