@@ -447,8 +447,9 @@ class RayConfig(Config):
                                    "it changes what a step plays", None)
     in_flight: int | Literal["auto"] = doc(
         "episodes each actor keeps in flight, over as many chunks (and steps, as grpo.max_staleness allows) as fit: "
-        "its server batches them | auto: what the actor's vLLM server holds at once (its KV capacity, read from its "
-        "log), one chunk for an in-process model (it generates one call at a time)", "auto")
+        "its server batches them | auto: what the actor's vLLM server's KV cache holds at once, each episode at "
+        "its longest context (the tokens its metrics report ÷ that context: none ever preempted), one chunk for an "
+        "in-process model (it generates one call at a time)", "auto")
 
     def validate(self) -> None:
         at_least(self, 1, "actors", "learners", "chunk_groups")

@@ -108,3 +108,13 @@ def test_the_model_the_ray_driver_and_the_single_process_loop_hand_out_work_with
         assert "Scheduler" in calls, module.__name__  # each builds one
     assert "def assign" not in inspect.getsource(driver) + inspect.getsource(local)
     assert "self.sched.assign(" in inspect.getsource(model._Sim)
+
+
+def test_a_step_that_trains_no_row_costs_no_update():
+    """The learner skips a step whose every advantage is 0 ("no update"), and a stored run's update cost is per
+    token trained: the model charges the update only for what a step trains."""
+    work = steps(((4, 8),), n=2)  # two steps of one episode, one request of 8 tokens
+    costs = Costs(decode_s=0.01, update_s=5.0, update_s_per_token=0.1)
+    every = simulate(work, costs, Schedule())  # the projection's default: every generated token trained
+    none_first = simulate(work, costs, Schedule(), trained=[0, 8])
+    assert every.mean_s - none_first.mean_s == pytest.approx((5.0 + 0.1 * 8) / 2)

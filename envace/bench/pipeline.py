@@ -7,7 +7,9 @@ generate), each followed by `tool_s` before the episode's next request. Costs:
 
     one server iteration   = speed × (decode_s + batch_s × (b − 1) + prefill_s × tokens admitted this iteration)
                              (b concurrent sequences each gain one token)
-    one update             = update_s + update_s_per_token × the step's generated tokens
+    one update             = update_s + update_s_per_token × the tokens it back-propagates (a stored run's
+                             trained rows; every generated token in a projection), and nothing when it trains
+                             none (the learner skips a step whose every advantage is 0)
     one publish            = publish_s (the learner is busy; the version is usable when it ends)
 
 What each actor plays and when is not modelled here: `Scheduler.assign` decides it, exactly as in `envace train`
@@ -120,18 +122,19 @@ class _Server:
     busy_s: float = 0.0
 
 
-def simulate(steps: list[Step], costs: Costs, schedule: Schedule) -> Result:
-    """Play `steps` under `schedule` with `costs` (module docstring): deterministic."""
+def simulate(steps: list[Step], costs: Costs, schedule: Schedule, trained: list[int] | None = None) -> Result:
+    """Play `steps` under `schedule` with `costs` (module docstring): deterministic. `trained`: the tokens each
+    step's update back-propagates (None: every token generated)."""
     if not steps or any(not any(group for group in step) for step in steps):
         raise UsageError("pipeline: every step needs at least one episode")
-    return _Sim(steps, costs, schedule).run()
+    return _Sim(steps, costs, schedule, trained).run()
 
 
 class _Sim:
     """The training run's own scheduler (`scheduler.Scheduler`) on a simulated clock: it decides every hand-out;
     this class only plays the chunks on simulated servers and the learner's updates."""
 
-    def __init__(self, steps: list[Step], costs: Costs, schedule: Schedule) -> None:
+    def __init__(self, steps: list[Step], costs: Costs, schedule: Schedule, trained: list[int] | None) -> None:
         self.costs, self.s, self.steps = costs, schedule, steps
         n = schedule.actors
         biggest = max(sum(len(g) for g in step) for step in steps)
@@ -140,7 +143,7 @@ class _Sim:
         self.servers = [_Server(speeds[i]) for i in range(n)]
         self.sched = Scheduler(n, schedule.staleness, 0, len(steps), lambda k: len(steps[k]), self.group,
                                schedule.slots or -(-biggest // n), schedule.chunk)
-        self.tokens = [sum(t for group in step for e in group for _, t in e) for step in steps]
+        self.tokens = trained if trained is not None else [generated(step) for step in steps]
         self.events: list = []
         self.seq = count()
         self.published = [0.0]
@@ -241,7 +244,7 @@ class _Sim:
             return
         self.sched.take(ROLLOUT, k)
         c = self.costs
-        dur = c.update_s + c.update_s_per_token * self.tokens[k] + c.publish_s
+        dur = (c.update_s + c.update_s_per_token * self.tokens[k] if self.tokens[k] else 0.0) + c.publish_s
         self.learner_busy, self.learner_s = True, self.learner_s + dur
         if dur == 0:  # published at once, before any actor is refilled (as the driver's learner does)
             return self.on_published(k + 1, t)
@@ -270,6 +273,7 @@ class Measured:
     update_s: list[float]
     publish_s: list[float]
     schedule: Schedule = field(default_factory=Schedule)  # the run's own: actors, episode loop, in flight, chunk
+    trained: list[int] | None = None  # per step, the completion tokens of the rows its update trained
 
 
 def load_run(con, run_id: str) -> Measured:
@@ -314,11 +318,14 @@ def load_run(con, run_id: str) -> Measured:
     keep = sorted(k for k in by_step if k in episodes)
     if not keep:
         raise UsageError(f"run '{run_id}' stores no generations for its GRPO steps")
+    trained = dict(con.execute("SELECT step, coalesce(sum(len(completion_ids)) FILTER (trained), 0) FROM generations "
+                               "WHERE run_id = ? AND regexp_matches(episode_id, '^s[0-9]+:') GROUP BY step",
+                               [run_id]).fetchall())
     steps = [_groups(episodes[k]) for k in keep]
     t = [by_step[k] for k in keep]
     return Measured(run_id, staleness, steps, [x["step_s"] for x in t], [x["rollout_s"] for x in t],
                     [x.get("update_s", 0.0) for x in t], [x.get("sync_s", 0.0) + x.get("load_s", 0.0) for x in t],
-                    schedule)
+                    schedule, [int(trained.get(k, 0)) for k in keep])
 
 
 def _named(timing: list) -> dict:
@@ -364,18 +371,25 @@ def _nnls(rows: list[list[float]], target: list[float]) -> list[float]:
 
 def fit(run: Measured) -> Costs:
     """Costs fitted to a run's measured steps (non-negative least squares): each step's rollout against its
-    lock-step batch's iterations, extra sequences, prefill tokens and rounds; the update against its tokens."""
+    lock-step batch's iterations, extra sequences, prefill tokens and rounds; the update against the tokens it
+    trained (the steps that trained any: one that trains none costs nothing, as in the learner)."""
     decode, batch, prefill, tool = _nnls([_lockstep_features(s) for s in run.steps], run.rollout_s)
-    tokens = [sum(n for g in s for e in g for _, n in e) for s in run.steps]
-    update, per_token = _nnls([[1.0, t] for t in tokens], run.update_s)
+    tokens = run.trained if run.trained is not None else [generated(s) for s in run.steps]
+    updated = [(t, u) for t, u in zip(tokens, run.update_s, strict=True) if t]
+    update, per_token = _nnls([[1.0, t] for t, _ in updated], [u for _, u in updated]) if updated else (0.0, 0.0)
     return Costs(*(float(x) for x in (decode, batch, prefill, tool, per_token, update)),
                  float(sum(run.publish_s) / len(run.publish_s)))
+
+
+def generated(step: Step) -> int:
+    """The tokens a step's episodes generated."""
+    return sum(n for group in step for e in group for _, n in e)
 
 
 def validate(run: Measured, costs: Costs) -> dict[str, float]:
     """The run's steps simulated under its own schedule (its actors, episode loop, in-flight target and chunk, all
     from its `run.json`) against its measured mean step."""
-    result = simulate(run.steps, costs, run.schedule)
+    result = simulate(run.steps, costs, run.schedule, run.trained)
     measured = sum(run.step_s) / len(run.step_s)
     return {"run": run.run_id, "staleness": run.staleness, "steps": len(run.steps), "actors": run.schedule.actors,
             "loop": "per-episode" if run.schedule.per_episode else "lock-step", "measured_s": measured,
