@@ -134,7 +134,7 @@ def cluster(tmp_path_factory):
     other = here / "other-project"
     shutil.copytree(REPO / "envace", other / "envace", ignore=shutil.ignore_patterns("__pycache__"))
     head_cache, other_cache = _hf_cache(here / "hf-head", "envace-test/tiny"), _hf_cache(here / "hf-other", None)
-    gpu = {"num_cpus": 2, "num_gpus": 1}
+    gpu = {"num_cpus": 2, "num_gpus": 2}
     with loopback_cluster({**gpu, "env_vars": {"HF_HUB_CACHE": str(head_cache)}},
                           {**gpu, "env_vars": {"PYTHONPATH": str(other), "HF_HUB_CACHE": str(other_cache)}}) \
             as (address, (_, second)):
@@ -152,8 +152,8 @@ def driver(cluster, tmp_path, monkeypatch):
 
 @pytest.mark.heavy
 def test_a_placement_the_cluster_cannot_hold_leaves_no_run_folder(driver, tmp_path, capsys):
-    line = _refused(capsys, tmp_path / "runs", driver, "ray.actor_gpus=4")
-    assert "4 GPU" in line and "the cluster has 2" in line
+    line = _refused(capsys, tmp_path / "runs", driver, "ray.actor_gpus=8")
+    assert "8 GPU" in line and "the cluster has 4" in line
 
 
 @pytest.mark.heavy
@@ -221,24 +221,23 @@ def test_every_worker_sees_only_the_gpus_ray_reserved_for_it(monkeypatch, reserv
 
 
 @pytest.mark.heavy
-def test_the_learner_is_packed_on_as_few_nodes_as_hold_it_before_the_actors_spread():
-    """2 nodes of 2 (simulated) GPUs, 2 actors spread, 2 learner ranks of one GPU: the learner is reserved first and
-    packed on one node, the actors on the other. Reserved together, the spread actors could take a GPU of each
-    node first and push the learner's ranks, and each of its all-reduces, across both."""
+def test_the_learner_is_packed_on_as_few_nodes_as_hold_it_before_the_actors_spread(driver):
+    """The module's 2 nodes of 2 (simulated) GPUs, 2 actors spread, 2 learner ranks of one GPU: the learner is
+    reserved first and packed on one node, the actors on the other. Reserved together, the spread actors could take a
+    GPU of each node first and push the learner's ranks, and each of its all-reduces, across both."""
     import ray
 
     from envace.config import RayConfig
     from envace.training.cluster.placement import place
 
-    with loopback_cluster(*[{"num_cpus": 2, "num_gpus": 2}] * 2) as (address, _):
-        ray.init(address=address, logging_level="ERROR")
-        try:
-            rc = RayConfig(address=address, actors=2, actor_cpus=0.5, actor_gpus=1, actor_placement="SPREAD",
-                           learners=2, learner_cpus=0.5, learner_gpus=1)
-            placement = place(rc)
-            actors, learners = placement.nodes()
-            placement.remove()
-        finally:
-            ray.shutdown()
+    ray.init(address=driver, logging_level="ERROR")
+    try:
+        rc = RayConfig(address=driver, actors=2, actor_cpus=0.5, actor_gpus=1, actor_placement="SPREAD",
+                       learners=2, learner_cpus=0.5, learner_gpus=1)
+        placement = place(rc)
+        actors, learners = placement.nodes()
+        placement.remove()
+    finally:
+        ray.shutdown()
     assert len(learners) == 2 and len(set(learners)) == 1
     assert len(actors) == 2 and not set(actors) & set(learners)  # the actors on the node left
