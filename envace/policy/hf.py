@@ -170,21 +170,19 @@ class RowSampler:
     stream). Rows that already stopped draw too (their tokens are discarded by `generate`)."""
 
     def __init__(self, params: SamplingParams) -> None:
-        import torch
-
-        self.temperature, self.top_p = params.temperature, params.top_p
-        self.generators = [torch.Generator().manual_seed(int(s) % 2**63) for s in params.seeds]
+        self.temperature, self.top_p, self.seeds = params.temperature, params.top_p, params.seeds
+        self.generators: list | None = None  # made on the first call, on the logits' device (no copy to the host)
 
     def __call__(self, input_ids, scores):
         import torch
 
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(int(s) % 2**63) for s in self.seeds]
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             ranked, order = probs.sort(dim=-1, descending=True)
             outside = ranked.cumsum(-1) - ranked >= self.top_p  # the mass before a token already reaches top-p
             ranked = ranked.masked_fill(outside, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, ranked)
-        probs = probs.cpu()
         chosen = torch.stack([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(self.generators)])
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter(-1, chosen.to(scores.device), 0.0)
+        return torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
