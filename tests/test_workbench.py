@@ -255,3 +255,20 @@ def test_the_episode_timeline_has_a_lane_per_slot_of_each_actor():
     fig = episode_timeline(spans)
     assert list(fig.layout.yaxis.categoryarray) == ["actor 0 · slot 0", "actor 0 · slot 1", "actor 1 · slot 0"]
     assert lanes(spans.assign(actor=None)).tolist() == ["0", "1", "2", "3", "0", "1"]
+
+
+def test_the_episode_timeline_shows_slot_time_idle_where_the_run_stored_it():
+    """The panel beside the lanes: the actors' slot-time idle per step (`actor_slot_idle`) where the run has it,
+    else the episodes' own wait share (which cannot see an empty slot), each titled for what it is."""
+    import pandas as pd
+
+    from workbench.figures import episode_timeline
+
+    spans = pd.DataFrame({"step": [0, 0, 1], "episode_id": list("abc"), "start_s": [0.0, 0.0, 2.0],
+                          "end_s": [1.0, 2.0, 3.0], "wait_s": [0.0, 0.0, 0.0], "actor": [0, 1, 0]})
+    fig = episode_timeline(spans, pd.Series([0.25, 0.5], index=[0, 1]))
+    panel = [t for t in fig.data if t.name == "idle share"][0]
+    assert list(panel.y) == [0.25, 0.5] and "slot-time idle" in fig.layout.annotations[1].text
+    fig = episode_timeline(spans)
+    panel = [t for t in fig.data if t.name == "idle share"][0]
+    assert list(panel.y) == [0.0, 0.0] and "wait share" in fig.layout.annotations[1].text

@@ -192,27 +192,31 @@ def lanes(spans: pd.DataFrame) -> pd.Series:
     return out
 
 
-def episode_timeline(spans: pd.DataFrame) -> go.Figure | None:
+def episode_timeline(spans: pd.DataFrame, slot_idle: pd.Series | None = None) -> go.Figure | None:
     """Each episode of `Workbench.episode_spans` as a bar from its start to its end on the run's wall clock (a lane
-    per slot of the actor that played it, `lanes`; a colour per step), and beside it each step's idle share of
-    episode slots: Σ wait_s / Σ (end_s − start_s), the time episodes sat ready while other episodes' work ran
-    (`engine.episode.idle_share`: lock-step waits for the slowest, the per-episode loop does not). A slot left empty
-    between two episodes shows as a gap in its lane (the run's slot-time idle is the metric `actor_slot_idle`).
-    None when no episode stored its times."""
+    per slot of the actor that played it, `lanes`; a colour per step; a slot left empty shows as a gap in its lane),
+    and beside it each step's idle share: the actors' slot-time idle where the run stored it (`slot_idle`, by step:
+    the metric `actor_slot_idle`, slot-seconds offered but empty, a finished episode's slot empty until refilled),
+    else the episodes' own wait share, Σ wait_s / Σ (end_s − start_s) (`engine.episode.idle_share`: the time
+    episodes sat ready while others' work ran; it cannot see an empty slot). None when no episode stored its times."""
     if spans.empty:
         return None
     spans = spans.assign(wall=spans["end_s"] - spans["start_s"], slot=lanes(spans))
+    slots_measured = slot_idle is not None and not slot_idle.dropna().empty
     fig = make_subplots(rows=1, cols=2, column_widths=[0.78, 0.22], horizontal_spacing=0.08,
                         subplot_titles=["episodes on the wall clock (s since the first began)",
-                                        "idle share of episode slots"])
+                                        "actors' slot-time idle" if slots_measured else "episodes' wait share"])
     for step, rows in spans.groupby("step"):
         fig.add_trace(go.Bar(y=rows["slot"], x=rows["wall"], base=rows["start_s"], orientation="h",
                              name=f"step {step + 1}", text=[f"step {step + 1}"] * len(rows), textposition="inside",
                              customdata=rows[["episode_id", "wait_s"]],
                              hovertemplate="%{customdata[0]}: %{base:.1f} s → +%{x:.1f} s, waited "
                                            "%{customdata[1]:.1f} s<extra></extra>"), row=1, col=1)
-    sums = spans.groupby("step")[["wait_s", "wall"]].sum()
-    idle = (sums["wait_s"] / sums["wall"]).where(sums["wall"] > 0)
+    if slots_measured:
+        idle = slot_idle.dropna().sort_index()
+    else:
+        sums = spans.groupby("step")[["wait_s", "wall"]].sum()
+        idle = (sums["wait_s"] / sums["wall"]).where(sums["wall"] > 0)
     fig.add_trace(go.Bar(x=idle.index + 1, y=idle.values, name="idle share", text=[f"{v:.0%}" for v in idle],
                          textposition="outside"), row=1, col=2)
     order = sorted(spans["slot"].unique(), key=_lane_key)
