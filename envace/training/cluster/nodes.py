@@ -57,7 +57,10 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def vllm_version(timeout_s: float = 180.0) -> str:
+VLLM_IMPORT_S = 180.0  # the most an `import vllm` may take on a node (a first import compiles its modules)
+
+
+def vllm_version(timeout_s: float = VLLM_IMPORT_S) -> str:
     """vLLM's version as `.venv-vllm` imports it (a UsageError when it is missing or does not import there)."""
     import subprocess
 
@@ -132,6 +135,7 @@ def check(cfg: TrainConfig, actor_nodes: list[str], learner_nodes: list[str], ti
     task = ray.remote(num_cpus=0)(inspect)  # beside the reserved bundles, which may hold every CPU
     refs = {node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
             .remote(cfg.model, node in vllm_nodes) for node in dict.fromkeys(actor_nodes + learner_nodes)}
+    timeout_s += VLLM_IMPORT_S if vllm_nodes else 0.0  # beside the check's own time, vLLM imported there
     ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     mine, problems, answered = code_version(), [], {}
     for node, ref in refs.items():
