@@ -243,8 +243,7 @@ def training_tab(app: gr.Blocks, wb: Workbench, ticks: Ticks,
         table = last.pivot_table(index="name", columns=["run_id", "role"], values="value")
         table.columns = [" · ".join(map(str, c)) for c in table.columns]
         steps = wb.episodes_by_step(run_ids[0], phase) if phase != "sft" else pd.DataFrame()  # SFT plays none
-        idle = long[(long["run_id"] == run_ids[0]) & (long["name"] == "actor_slot_idle") & (long["role"] == "all")]
-        idle = idle.set_index("step")["value"] if phase == "grpo" else None  # the actors' slots: GRPO's only
+        idle = figures.actor_slot_idle(long, run_ids[0]) if phase == "grpo" else None  # the actors' slots: GRPO's only
         bars = figures.episode_timeline(wb.episode_spans(run_ids[0], phase), idle) if not steps.empty else None
         said = "" if bars is not None or steps.empty else (
             f"`{run_ids[0]}` stored no start and end times for its {phase} episodes (it was written before episodes "

@@ -192,6 +192,12 @@ def lanes(spans: pd.DataFrame) -> pd.Series:
     return out
 
 
+def actor_slot_idle(metrics: pd.DataFrame, run_id: str) -> pd.Series:
+    """One run's slot-time idle of its actors per step (`actor_slot_idle`), from the Training tab's long metrics."""
+    rows = metrics[(metrics["run_id"] == run_id) & (metrics["name"] == "actor_slot_idle") & (metrics["role"] == "all")]
+    return rows.set_index("step")["value"]
+
+
 def episode_timeline(spans: pd.DataFrame, slot_idle: pd.Series | None = None) -> go.Figure | None:
     """Each episode of `Workbench.episode_spans` as a bar from its start to its end on the run's wall clock (a lane
     per slot of the actor that played it, `lanes`; a colour per step; a slot left empty shows as a gap in its lane),

@@ -190,7 +190,11 @@ class RemoteLearner(BaseLearner):
             probe.unlink()
 
     def _all(self, method: str, *args) -> list:
-        return self.gather([getattr(h, method).remote(*args) for h in self.handles], method)
+        return self.gather(self._each(method, *args), method)
+
+    def _each(self, method: str, *args) -> list:
+        """Every rank's reference to one call, not waited for."""
+        return [getattr(h, method).remote(*args) for h in self.handles]
 
     def gather(self, refs: list, what: str) -> list:
         """Every rank's answer to one call, rank by rank as they come. A rank that died or raised stops the run
@@ -282,9 +286,6 @@ class RemoteLearner(BaseLearner):
         windowed(file_pieces(path), lambda piece: self._each("receive", ray.put(piece)),
                  lambda calls: self.gather(calls, "receive"))
         return self._all("load_received")[0]
-
-    def _each(self, method: str, *args) -> list:
-        return [getattr(h, method).remote(*args) for h in self.handles]
 
 
 SENT_AHEAD = 4  # pieces of `state.pt` (`checkpoint.PIECE` each) on their way to the ranks at once
